@@ -1,0 +1,42 @@
+# `make run` serves everything on http://127.0.0.1:$(PORT); `make test` runs every test.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(CURDIR)/$(VENV)/bin
+PORT ?= 8000
+export PATH := $(BIN):$(PATH)
+
+.PHONY: install install-dev run worker beat test lint migrate
+
+$(VENV)/.installed-run: pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e .
+	touch $@
+
+$(VENV)/.installed-dev: $(VENV)/.installed-run
+	$(BIN)/python -m pip install -q -e ".[dev]"
+	touch $@
+
+install: $(VENV)/.installed-run
+install-dev: $(VENV)/.installed-dev
+
+migrate: install
+	$(BIN)/python manage.py migrate --noinput
+
+run: migrate
+	$(BIN)/python manage.py seed_demo
+	APP_PORT=$(PORT) $(BIN)/honcho --no-colour -f Procfile start
+
+worker: install
+	$(BIN)/celery -A ledger worker --loglevel INFO
+
+beat: install
+	$(BIN)/celery -A ledger beat --loglevel INFO
+
+lint: install-dev
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+test: install-dev lint
+	$(BIN)/pytest
+	LEDGER_TEST_DB=sqlite $(BIN)/pytest tests/ledger

@@ -1,0 +1,53 @@
+from django.conf import settings
+from rest_framework import serializers
+from rest_framework.pagination import CursorPagination
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from .selectors import account_postings
+from .services import wallet_get_or_create
+
+
+class AccountMeApi(APIView):
+    class OutputSerializer(serializers.Serializer):
+        id = serializers.IntegerField()
+        currency = serializers.CharField()
+        balance = serializers.IntegerField()
+        version = serializers.IntegerField()
+
+    def get(self, request: Request) -> Response:
+        wallet = wallet_get_or_create(
+            user=request.user, currency=settings.LEDGER_DEFAULT_CURRENCY
+        )
+        return Response(self.OutputSerializer(wallet).data)
+
+
+class NewestFirst(CursorPagination):
+    ordering = "-id"
+    page_size = 50
+    max_page_size = 200
+    page_size_query_param = "page_size"
+
+
+class AccountEntriesApi(APIView):
+    class OutputSerializer(serializers.Serializer):
+        id = serializers.IntegerField()
+        entry_id = serializers.IntegerField()
+        kind = serializers.CharField(source="entry.kind")
+        amount = serializers.IntegerField()
+        currency = serializers.CharField(source="entry.currency")
+        description = serializers.CharField(source="entry.description")
+        created_at = serializers.DateTimeField(source="entry.created_at")
+
+    def get(self, request: Request) -> Response:
+        wallet = wallet_get_or_create(
+            user=request.user, currency=settings.LEDGER_DEFAULT_CURRENCY
+        )
+        paginator = NewestFirst()
+        page = paginator.paginate_queryset(
+            account_postings(account=wallet), request, view=self
+        )
+        return paginator.get_paginated_response(
+            self.OutputSerializer(page, many=True).data
+        )

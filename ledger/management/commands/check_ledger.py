@@ -1,0 +1,20 @@
+import json
+
+from django.core.management.base import BaseCommand, CommandError
+
+from ledger.invariants import ledger_report
+
+
+class Command(BaseCommand):
+    help = "Prove the ledger's invariants; exit 1 and name each violation otherwise."
+
+    def handle(self, *args, **options) -> None:
+        report = ledger_report()
+        self.stdout.write(json.dumps(report, sort_keys=True))
+        if not report["ok"]:
+            for violation in report["violations"]:
+                self.stderr.write(f"violation: {violation}")
+            raise CommandError(
+                f"{len(report['violations'])} ledger invariant(s) violated",
+                returncode=1,
+            )

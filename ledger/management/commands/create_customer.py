@@ -1,0 +1,30 @@
+import json
+
+from django.conf import settings
+from django.core.management.base import BaseCommand, CommandError
+
+from ledger.services import customer_get_or_create, wallet_top_up
+
+
+class Command(BaseCommand):
+    help = (
+        "Create (or find) a customer with an API token and a wallet; print one JSON "
+        "line. --balance tops the wallet up to at least that many minor units through "
+        "a ledger deposit."
+    )
+
+    def add_arguments(self, parser) -> None:
+        parser.add_argument("name")
+        parser.add_argument("--balance", type=int, default=None)
+        parser.add_argument("--password", default=None)
+
+    def handle(self, *args, name: str, balance: int | None, password: str | None, **_):
+        if balance is not None and balance < 0:
+            raise CommandError("--balance is a non-negative number of minor units")
+        user, token, wallet = customer_get_or_create(
+            username=name, password=password, currency=settings.LEDGER_DEFAULT_CURRENCY
+        )
+        if balance:
+            wallet_top_up(account_id=wallet.pk, at_least=balance)
+        line = {"username": user.get_username(), "token": token, "account": wallet.pk}
+        self.stdout.write(json.dumps(line))

@@ -1,0 +1,118 @@
+"""RFC 9457 problem details: the one shape of every error body the app returns."""
+
+from typing import Any
+
+from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
+from django.views import defaults
+from rest_framework import exceptions, status
+from rest_framework.response import Response
+from rest_framework.views import set_rollback
+
+from .exceptions import DomainError
+
+PROBLEM_CONTENT_TYPE = "application/problem+json"
+
+
+def problem(
+    status_code: int, code: str, title: str, detail: str = "", **extra: Any
+) -> dict[str, Any]:
+    return {
+        "type": f"/problems/{code}",
+        "title": title,
+        "status": status_code,
+        "detail": detail or title,
+        "code": code,
+        **extra,
+    }
+
+
+def problem_response(
+    status_code: int, code: str, title: str, detail: str = "", **extra: Any
+) -> JsonResponse:
+    """A problem+json response for plain Django views and middleware."""
+    body = problem(status_code, code, title, detail, **extra)
+    return JsonResponse(body, status=status_code, content_type=PROBLEM_CONTENT_TYPE)
+
+
+def domain_error_response(exc: DomainError) -> JsonResponse:
+    return problem_response(exc.status, exc.code, exc.title, exc.detail, **exc.extra)
+
+
+_DRF_CODES = {
+    exceptions.ValidationError: ("validation_error", "Invalid input"),
+    exceptions.ParseError: ("malformed_json", "Malformed request body"),
+    exceptions.NotAuthenticated: ("not_authenticated", "Not authenticated"),
+    exceptions.AuthenticationFailed: ("authentication_failed", "Authentication failed"),
+    exceptions.PermissionDenied: ("permission_denied", "Permission denied"),
+    exceptions.NotFound: ("not_found", "Not found"),
+    exceptions.MethodNotAllowed: ("method_not_allowed", "Method not allowed"),
+    exceptions.NotAcceptable: ("not_acceptable", "Not acceptable"),
+    exceptions.UnsupportedMediaType: ("unsupported_media_type", "Unsupported media"),
+    exceptions.Throttled: ("throttled", "Too many requests"),
+}
+
+
+def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
+    """Render domain errors and DRF's own errors as problem+json.
+
+    Anything else is a bug: it propagates and becomes a 500 (also problem+json, see
+    `server_error`), and the transaction it ran in rolls back.
+    """
+    if isinstance(exc, DomainError):
+        set_rollback()
+        body = problem(exc.status, exc.code, exc.title, exc.detail, **exc.extra)
+        return Response(body, status=exc.status, content_type=PROBLEM_CONTENT_TYPE)
+    if isinstance(exc, Http404):
+        exc = exceptions.NotFound()
+    if not isinstance(exc, exceptions.APIException):
+        return None
+    code, title = next(
+        (v for cls, v in _DRF_CODES.items() if isinstance(exc, cls)),
+        (exc.default_code, "Request failed"),
+    )
+    extra: dict[str, Any] = {}
+    if isinstance(exc, exceptions.ValidationError):
+        extra["errors"] = exc.detail
+        detail = "One or more fields are invalid; see `errors`."
+    else:
+        detail = str(exc.detail)
+    headers = {}
+    if getattr(exc, "auth_header", None):
+        headers["WWW-Authenticate"] = exc.auth_header
+    if getattr(exc, "wait", None) is not None:
+        headers["Retry-After"] = str(int(exc.wait))
+    set_rollback()
+    body = problem(exc.status_code, code, title, detail, **extra)
+    return Response(
+        body,
+        status=exc.status_code,
+        headers=headers,
+        content_type=PROBLEM_CONTENT_TYPE,
+    )
+
+
+def _is_api(request: HttpRequest) -> bool:
+    return request.path.startswith("/api/")
+
+
+def page_not_found(request: HttpRequest, exception: Exception) -> HttpResponse:
+    if not _is_api(request):
+        return defaults.page_not_found(request, exception)
+    return problem_response(status.HTTP_404_NOT_FOUND, "not_found", "Not found")
+
+
+def server_error(request: HttpRequest) -> HttpResponse:
+    if not _is_api(request):
+        return defaults.server_error(request)
+    return problem_response(
+        status.HTTP_500_INTERNAL_SERVER_ERROR,
+        "internal_error",
+        "Internal server error",
+        "Something went wrong on our side; it is safe to retry with the same key.",
+    )
+
+
+def bad_request(request: HttpRequest, exception: Exception) -> HttpResponse:
+    if not _is_api(request):
+        return defaults.bad_request(request, exception)
+    return problem_response(status.HTTP_400_BAD_REQUEST, "bad_request", "Bad request")

@@ -1,0 +1,16 @@
+import logging
+
+from celery import shared_task
+
+from .invariants import ledger_report
+
+logger = logging.getLogger(__name__)
+
+
+@shared_task
+def check_invariants() -> bool:
+    """Prove the ledger's invariants; log every violation loudly."""
+    report = ledger_report()
+    for violation in report["violations"]:
+        logger.error("ledger invariant violated: %s", violation)
+    return report["ok"]

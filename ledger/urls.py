@@ -1,0 +1,25 @@
+from django.contrib import admin
+from django.urls import include, path
+from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
+
+from . import apis, views
+
+api_v1 = [
+    path("accounts/me", apis.AccountMeApi.as_view(), name="account-me"),
+    path(
+        "accounts/me/entries", apis.AccountEntriesApi.as_view(), name="account-entries"
+    ),
+]
+
+urlpatterns = [
+    path("healthz", views.healthz, name="healthz"),
+    path("readyz", views.readyz, name="readyz"),
+    path("admin/", admin.site.urls),
+    path("api/v1/", include(api_v1)),
+    path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
+    path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="docs"),
+]
+
+handler400 = "ledger.problems.bad_request"
+handler404 = "ledger.problems.page_not_found"
+handler500 = "ledger.problems.server_error"

@@ -1,0 +1,33 @@
+"""Operational endpoints: liveness and readiness."""
+
+from django.conf import settings
+from django.db import connection
+from django.http import HttpRequest, JsonResponse
+from django.views.decorators.http import require_GET
+
+
+@require_GET
+def healthz(request: HttpRequest) -> JsonResponse:
+    """The process is up and serving; checks nothing else on purpose."""
+    return JsonResponse({"status": "ok"})
+
+
+@require_GET
+def readyz(request: HttpRequest) -> JsonResponse:
+    """Ready to take traffic: the database answers, and Redis too when configured."""
+    checks: dict[str, str] = {}
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT 1")
+        checks["database"] = "ok"
+    except Exception as exc:  # any failure means "not ready", never a 500
+        checks["database"] = f"error: {exc.__class__.__name__}"
+    if settings.REDIS_URL:
+        from idempotency.redis import redis_ping
+
+        checks["redis"] = "ok" if redis_ping() else "error: unreachable"
+    ready = all(value == "ok" for value in checks.values())
+    return JsonResponse(
+        {"status": "ok" if ready else "unavailable", "checks": checks},
+        status=200 if ready else 503,
+    )

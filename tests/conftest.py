@@ -1,0 +1,47 @@
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from django.db import connection, connections
+
+from tests.factories import UserFactory
+
+
+def run_in_threads(count: int, work: Callable[[int], Any]) -> list[Any]:
+    """Run `work(i)` in `count` real threads released at the same instant.
+
+    Each thread has its own database connection (closed at the end), so the races are
+    between real transactions. Returns each thread's result, or the exception it
+    raised, in thread order.
+    """
+    barrier = threading.Barrier(count)
+    results: list[Any] = [None] * count
+
+    def target(i: int) -> None:
+        try:
+            barrier.wait(timeout=30)
+            results[i] = work(i)
+        except Exception as exc:
+            results[i] = exc
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=target, args=(i,)) for i in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    assert not any(t.is_alive() for t in threads), "a thread hung"
+    return results
+
+
+@pytest.fixture
+def on_postgres() -> None:
+    if connection.vendor != "postgresql":
+        pytest.skip("needs PostgreSQL")
+
+
+@pytest.fixture
+def user(db):
+    return UserFactory()

@@ -1,0 +1,76 @@
+import pytest
+from rest_framework.test import APIClient
+
+from ledger.services import customer_get_or_create, ledger_deposit
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def customer():
+    _user, token, wallet = customer_get_or_create(username="erin", currency="CNY")
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Token {token}")
+    return client, wallet
+
+
+def assert_problem(response, status: int, code: str) -> dict:
+    assert response.status_code == status, response.content
+    assert response["Content-Type"] == "application/problem+json"
+    body = response.json()
+    assert {"type", "title", "status", "detail", "code"} <= set(body)
+    assert body["status"] == status and body["code"] == code
+    return body
+
+
+def test_account_me(customer):
+    client, wallet = customer
+    ledger_deposit(account_id=wallet.pk, amount=1234, reference="d")
+    response = client.get("/api/v1/accounts/me")
+    assert response.status_code == 200
+    assert response.json() == {
+        "id": wallet.pk,
+        "currency": "CNY",
+        "balance": 1234,
+        "version": 1,
+    }
+
+
+def test_entries_newest_first_and_paginated(customer):
+    client, wallet = customer
+    for n in range(1, 4):
+        ledger_deposit(account_id=wallet.pk, amount=n, reference=f"d{n}")
+    page = client.get("/api/v1/accounts/me/entries?page_size=2").json()
+    assert [p["amount"] for p in page["results"]] == [3, 2]
+    assert page["results"][0]["kind"] == "deposit"
+    rest = client.get(page["next"]).json()
+    assert [p["amount"] for p in rest["results"]] == [1]
+
+
+@pytest.mark.parametrize("header", [None, "Token nope", "Bearer x"])
+def test_api_needs_a_valid_token(header):
+    client = APIClient()
+    if header:
+        client.credentials(HTTP_AUTHORIZATION=header)
+    response = client.get("/api/v1/accounts/me")
+    code = (
+        "not_authenticated" if header in (None, "Bearer x") else "authentication_failed"
+    )
+    assert_problem(response, 401, code)
+
+
+def test_unknown_api_path_is_a_problem(customer):
+    client, _ = customer
+    assert_problem(client.get("/api/v1/nowhere"), 404, "not_found")
+
+
+def test_wrong_method_is_a_problem(customer):
+    client, _ = customer
+    assert_problem(client.delete("/api/v1/accounts/me"), 405, "method_not_allowed")
+
+
+def test_health_and_readiness(client):
+    assert client.get("/healthz").json() == {"status": "ok"}
+    ready = client.get("/readyz")
+    assert ready.status_code == 200
+    assert ready.json()["checks"]["database"] == "ok"

@@ -1,0 +1,81 @@
+import json
+from io import StringIO
+
+import pytest
+from django.core.management import CommandError, call_command
+from django.db import connection
+from rest_framework.authtoken.models import Token
+
+from ledger.models import Account, JournalEntry
+from tests.conftest import run_in_threads
+
+pytestmark = pytest.mark.django_db
+
+
+def create_customer(*args: str) -> dict:
+    out = StringIO()
+    call_command("create_customer", *args, stdout=out)
+    lines = out.getvalue().splitlines()
+    assert len(lines) == 1
+    return json.loads(lines[0])
+
+
+def check_ledger() -> tuple[dict, str | None]:
+    out = StringIO()
+    try:
+        call_command("check_ledger", stdout=out, stderr=StringIO())
+        error = None
+    except CommandError as exc:
+        assert exc.returncode == 1
+        error = str(exc)
+    return json.loads(out.getvalue()), error
+
+
+def test_create_customer_is_idempotent_and_tops_up_through_the_ledger():
+    first = create_customer("alice", "--balance", "5000", "--password", "s3cret-pass")
+    again = create_customer("alice", "--balance", "5000")
+    assert first == again
+    assert set(first) == {"username", "token", "account"}
+    assert Token.objects.get(user__username="alice").key == first["token"]
+    wallet = Account.objects.get(pk=first["account"])
+    assert wallet.balance == 5000
+    assert JournalEntry.objects.filter(kind="deposit").count() == 1
+    create_customer("alice", "--balance", "7000")
+    create_customer("alice", "--balance", "100")  # "at least": never takes money away
+    wallet.refresh_from_db()
+    assert wallet.balance == 7000
+    assert wallet.owner.check_password("s3cret-pass")
+    assert check_ledger()[0]["ok"]
+
+
+def test_create_customer_rejects_a_negative_balance():
+    with pytest.raises(CommandError):
+        call_command("create_customer", "bob", "--balance", "-1", stdout=StringIO())
+
+
+@pytest.mark.django_db(transaction=True)
+def test_concurrent_top_ups_deposit_once():
+    create_customer("carol")
+    results = run_in_threads(6, lambda _: create_customer("carol", "--balance", "900"))
+    assert all(isinstance(r, dict) for r in results), results
+    assert len({r["token"] for r in results}) == 1
+    assert Account.objects.get(pk=results[0]["account"]).balance == 900
+    assert JournalEntry.objects.filter(kind="deposit").count() == 1
+
+
+def test_check_ledger_names_each_violation():
+    wallet = Account.objects.get(
+        pk=create_customer("dave", "--balance", "100")["account"]
+    )
+    report, error = check_ledger()
+    assert report["ok"] and error is None
+    assert report["money_inside"] == {"CNY": 100}
+    # Corrupt a balance behind the ledger's back.
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "UPDATE ledger_account SET balance = balance + 5 WHERE id = %s", [wallet.pk]
+        )
+    report, error = check_ledger()
+    assert not report["ok"] and error
+    assert any(f"account {wallet.pk} balance 105" in v for v in report["violations"])
+    assert any("sum to 5, not 0" in v for v in report["violations"])

@@ -1,0 +1,215 @@
+import random
+
+import pytest
+from django.db import connection, transaction
+from django.db.utils import DatabaseError
+
+from ledger.exceptions import (
+    AccountNotActive,
+    CurrencyMismatch,
+    InsufficientFunds,
+    ReferenceConflict,
+    StaleVersion,
+)
+from ledger.invariants import ledger_report
+from ledger.models import Account, JournalEntry, Posting
+from ledger.services import (
+    account_freeze,
+    ledger_deposit,
+    ledger_post,
+    ledger_transfer,
+    wallet_top_up,
+)
+from tests.conftest import run_in_threads
+from tests.factories import WalletFactory
+
+pytestmark = pytest.mark.django_db
+
+
+def funded_wallet(amount: int) -> Account:
+    wallet = WalletFactory()
+    if amount:
+        ledger_deposit(
+            account_id=wallet.pk, amount=amount, reference=f"fund:{wallet.pk}"
+        )
+    wallet.refresh_from_db()
+    return wallet
+
+
+def transfer(source: Account, destination: Account, amount: int, reference: str):
+    return ledger_transfer(
+        source_id=source.pk,
+        destination_id=destination.pk,
+        amount=amount,
+        currency="CNY",
+        reference=reference,
+    )
+
+
+def test_transfer_moves_money_and_bumps_versions():
+    alice, bob = funded_wallet(1000), funded_wallet(0)
+    entry = transfer(alice, bob, 300, "t-1")
+    alice.refresh_from_db()
+    bob.refresh_from_db()
+    assert (alice.balance, bob.balance) == (700, 300)
+    assert (alice.version, bob.version) == (2, 1)
+    assert sorted(entry.postings.values_list("amount", flat=True)) == [-300, 300]
+    assert ledger_report()["ok"]
+
+
+def test_repeated_reference_moves_money_once_and_returns_the_same_entry():
+    alice, bob = funded_wallet(1000), funded_wallet(0)
+    first = transfer(alice, bob, 300, "t-1")
+    second = transfer(alice, bob, 300, "t-1")
+    assert first.pk == second.pk
+    alice.refresh_from_db()
+    assert alice.balance == 700
+    assert JournalEntry.objects.filter(reference="t-1").count() == 1
+
+
+def test_reference_reused_for_another_movement_is_refused():
+    alice, bob = funded_wallet(1000), funded_wallet(0)
+    transfer(alice, bob, 300, "t-1")
+    with pytest.raises(ReferenceConflict):
+        transfer(alice, bob, 301, "t-1")
+    alice.refresh_from_db()
+    assert alice.balance == 700
+
+
+def test_insufficient_funds_changes_nothing_and_frees_the_reference():
+    alice, bob = funded_wallet(100), funded_wallet(0)
+    with pytest.raises(InsufficientFunds) as refused:
+        transfer(alice, bob, 101, "t-1")
+    assert refused.value.extra == {"balance": 100, "amount": 101}
+    assert not JournalEntry.objects.filter(reference="t-1").exists()
+    alice.refresh_from_db()
+    bob.refresh_from_db()
+    assert (alice.balance, alice.version, bob.balance, bob.version) == (100, 1, 0, 0)
+    # The refused attempt did not burn the reference: after a top-up it goes through.
+    ledger_deposit(account_id=alice.pk, amount=1, reference="top")
+    transfer(alice, bob, 101, "t-1")
+    assert ledger_report()["ok"]
+
+
+def test_money_leaves_only_an_active_account():
+    alice, bob = funded_wallet(100), funded_wallet(100)
+    account_freeze(account_id=alice.pk)
+    with pytest.raises(AccountNotActive):
+        transfer(alice, bob, 10, "out")
+    transfer(bob, alice, 10, "in")  # a frozen account may still receive
+    alice.refresh_from_db()
+    assert alice.balance == 110
+
+
+def test_currency_mismatch_is_refused():
+    alice = funded_wallet(100)
+    usd = WalletFactory(currency="USD")
+    with pytest.raises(CurrencyMismatch):
+        transfer(alice, usd, 10, "fx")
+    assert ledger_report()["ok"]
+
+
+def test_seen_version_guards_against_a_change_in_between():
+    alice, bob = funded_wallet(100), funded_wallet(0)
+    seen = alice.version
+    transfer(alice, bob, 10, "other")  # somebody else spends meanwhile
+    with pytest.raises(StaleVersion):
+        ledger_transfer(
+            source_id=alice.pk,
+            destination_id=bob.pk,
+            amount=10,
+            currency="CNY",
+            reference="mine",
+            seen_version=seen,
+        )
+    alice.refresh_from_db()
+    assert alice.balance == 90
+
+
+@pytest.mark.parametrize(
+    "legs", [[(1, 5)], [(1, 5), (2, -4)], [(1, 0), (2, 0)], [(1, 1.5), (2, -1.5)]]
+)
+def test_malformed_entries_are_programming_errors(legs):
+    with pytest.raises((ValueError, TypeError)):
+        ledger_post(reference="x", kind="transfer", currency="CNY", legs=legs)
+
+
+def test_top_up_deposits_only_the_difference():
+    wallet = funded_wallet(300)
+    wallet_top_up(account_id=wallet.pk, at_least=1000)
+    wallet_top_up(account_id=wallet.pk, at_least=1000)
+    assert wallet_top_up(account_id=wallet.pk, at_least=500) is None
+    wallet.refresh_from_db()
+    assert wallet.balance == 1000
+    assert wallet.postings.count() == 2
+
+
+def test_entries_are_append_only_in_the_database(on_postgres):
+    alice, bob = funded_wallet(100), funded_wallet(0)
+    entry = transfer(alice, bob, 10, "t")
+    with pytest.raises(DatabaseError, match="append-only"), transaction.atomic():
+        Posting.objects.filter(entry=entry).update(amount=1)
+    with pytest.raises(DatabaseError, match="append-only"), transaction.atomic():
+        Posting.objects.filter(entry=entry).delete()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_random_transfers_from_8_threads_keep_every_invariant():
+    rounds = 300 if connection.vendor == "postgresql" else 60
+    wallets = [funded_wallet(10_000) for _ in range(20)]
+    ids = [w.pk for w in wallets]
+    total_before = sum(w.balance for w in wallets)
+
+    def work(thread: int) -> tuple[int, int]:
+        rng = random.Random(thread)
+        done = refused = 0
+        for n in range(rounds):
+            source, destination = rng.sample(ids, 2)
+            try:
+                ledger_transfer(
+                    source_id=source,
+                    destination_id=destination,
+                    amount=rng.randint(1, 3_000),
+                    currency="CNY",
+                    reference=f"race:{thread}:{n}",
+                )
+                done += 1
+            except InsufficientFunds:
+                refused += 1
+        return done, refused
+
+    results = run_in_threads(8, work)
+    assert all(isinstance(r, tuple) for r in results), results
+    assert sum(done for done, _ in results) > rounds  # the race did real work
+    report = ledger_report()
+    assert report["ok"], report["violations"]
+    balances = list(
+        Account.objects.filter(pk__in=ids).values_list("balance", flat=True)
+    )
+    assert min(balances) >= 0
+    assert sum(balances) == total_before
+
+
+@pytest.mark.django_db(transaction=True)
+def test_one_reference_from_10_threads_moves_money_once():
+    alice, bob = funded_wallet(1000), funded_wallet(0)
+    results = run_in_threads(10, lambda _: transfer(alice, bob, 250, "once").pk)
+    assert len(set(results)) == 1, results
+    alice.refresh_from_db()
+    bob.refresh_from_db()
+    assert (alice.balance, bob.balance) == (750, 250)
+    assert ledger_report()["ok"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_opposite_transfers_do_not_deadlock():
+    alice, bob = funded_wallet(100_000), funded_wallet(100_000)
+
+    def work(i: int) -> int:
+        source, destination = (alice, bob) if i % 2 else (bob, alice)
+        for n in range(50):
+            transfer(source, destination, 7, f"x:{i}:{n}")
+        return 50
+
+    assert run_in_threads(6, work) == [50] * 6
+    assert ledger_report()["ok"]
