@@ -7,11 +7,7 @@ from django.conf import settings
 
 
 @cache
-def get_redis(url: str | None = None) -> redis.Redis | None:
-    """One client (and connection pool) per process; None when Redis is not set up."""
-    url = url if url is not None else settings.REDIS_URL
-    if not url:
-        return None
+def _client(url: str) -> redis.Redis:
     return redis.Redis.from_url(
         url,
         socket_connect_timeout=0.25,
@@ -19,6 +15,12 @@ def get_redis(url: str | None = None) -> redis.Redis | None:
         retry_on_timeout=False,
         health_check_interval=30,
     )
+
+
+def get_redis() -> redis.Redis | None:
+    """One client (and connection pool) per process and URL; None without Redis."""
+    url = settings.REDIS_URL
+    return _client(url) if url else None
 
 
 def redis_ping() -> bool:

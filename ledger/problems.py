@@ -6,7 +6,6 @@ from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.views import defaults
 from rest_framework import exceptions, status
 from rest_framework.response import Response
-from rest_framework.views import set_rollback
 
 from .exceptions import DomainError
 
@@ -35,7 +34,12 @@ def problem_response(
 
 
 def domain_error_response(exc: DomainError) -> JsonResponse:
-    return problem_response(exc.status, exc.code, exc.title, exc.detail, **exc.extra)
+    response = problem_response(
+        exc.status, exc.code, exc.title, exc.detail, **exc.extra
+    )
+    for name, value in getattr(exc, "headers", {}).items():
+        response[name] = value
+    return response
 
 
 _DRF_CODES = {
@@ -59,9 +63,13 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
     `server_error`), and the transaction it ran in rolls back.
     """
     if isinstance(exc, DomainError):
-        set_rollback()
         body = problem(exc.status, exc.code, exc.title, exc.detail, **exc.extra)
-        return Response(body, status=exc.status, content_type=PROBLEM_CONTENT_TYPE)
+        return Response(
+            body,
+            status=exc.status,
+            headers=getattr(exc, "headers", None),
+            content_type=PROBLEM_CONTENT_TYPE,
+        )
     if isinstance(exc, Http404):
         exc = exceptions.NotFound()
     if not isinstance(exc, exceptions.APIException):
@@ -81,7 +89,6 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
         headers["WWW-Authenticate"] = exc.auth_header
     if getattr(exc, "wait", None) is not None:
         headers["Retry-After"] = str(int(exc.wait))
-    set_rollback()
     body = problem(exc.status_code, code, title, detail, **extra)
     return Response(
         body,

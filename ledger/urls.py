@@ -5,6 +5,7 @@ from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 from . import apis, views
 
 api_v1 = [
+    path("", include("idempotency.urls")),
     path("accounts/me", apis.AccountMeApi.as_view(), name="account-me"),
     path(
         "accounts/me/entries", apis.AccountEntriesApi.as_view(), name="account-entries"
@@ -14,6 +15,7 @@ api_v1 = [
 urlpatterns = [
     path("healthz", views.healthz, name="healthz"),
     path("readyz", views.readyz, name="readyz"),
+    path("metrics", views.metrics, name="metrics"),
     path("admin/", admin.site.urls),
     path("api/v1/", include(api_v1)),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),

@@ -1,8 +1,10 @@
-"""Operational endpoints: liveness and readiness."""
+"""Operational endpoints: liveness, readiness and metrics."""
+
+import os
 
 from django.conf import settings
 from django.db import connection
-from django.http import HttpRequest, JsonResponse
+from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.http import require_GET
 
 
@@ -30,4 +32,21 @@ def readyz(request: HttpRequest) -> JsonResponse:
     return JsonResponse(
         {"status": "ok" if ready else "unavailable", "checks": checks},
         status=200 if ready else 503,
+    )
+
+
+@require_GET
+def metrics(request: HttpRequest) -> HttpResponse:
+    """Prometheus text format. Under gunicorn with several workers, set
+    PROMETHEUS_MULTIPROC_DIR so every worker's counters are summed."""
+    import prometheus_client
+    from prometheus_client import multiprocess
+
+    registry = prometheus_client.REGISTRY
+    if "PROMETHEUS_MULTIPROC_DIR" in os.environ:
+        registry = prometheus_client.CollectorRegistry()
+        multiprocess.MultiProcessCollector(registry)
+    return HttpResponse(
+        prometheus_client.generate_latest(registry),
+        content_type=prometheus_client.CONTENT_TYPE_LATEST,
     )

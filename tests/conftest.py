@@ -45,3 +45,14 @@ def on_postgres() -> None:
 @pytest.fixture
 def user(db):
     return UserFactory()
+
+
+@pytest.fixture(autouse=True)
+def _fresh_redis(settings):
+    """Every test starts with an empty Redis database of its own (the cache of
+    replayed responses must not leak between tests)."""
+    from idempotency.redis import get_redis
+
+    client = get_redis()
+    if client is not None:
+        client.flushdb()

@@ -169,6 +169,9 @@ IDEMPOTENCY_LEASE_SECONDS = env_int("IDEMPOTENCY_LEASE_SECONDS", 30)
 # database path (still exactly once), "refuse" answers 503.
 IDEMPOTENCY_REDIS_FAILURE = env("IDEMPOTENCY_REDIS_FAILURE", "database")
 IDEMPOTENCY_REPLAY_CACHE_SECONDS = env_int("IDEMPOTENCY_REPLAY_CACHE_SECONDS", 3600)
+# Per endpoint name: "required" (default), "optional" (no key: run without the layer)
+# or "off".
+IDEMPOTENCY_ENDPOINTS: dict[str, str] = {}
 
 PAYMENT_PROVIDER_SECRET = env("PAYMENT_PROVIDER_SECRET", "dev-provider-secret")
 
@@ -200,6 +203,14 @@ CELERY_TASK_ALWAYS_EAGER = env_bool("CELERY_TASK_ALWAYS_EAGER", False)
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_BEAT_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"
 CELERY_BEAT_SCHEDULE = {
+    "idempotency-purge-expired": {
+        "task": "idempotency.tasks.purge_expired_keys",
+        "schedule": 3600.0,
+    },
+    "idempotency-release-stuck": {
+        "task": "idempotency.tasks.release_stuck_keys",
+        "schedule": 60.0,
+    },
     "ledger-check-invariants": {
         "task": "ledger.tasks.check_invariants",
         "schedule": 600.0,
@@ -214,3 +225,9 @@ LOGGING = {
     "root": {"handlers": ["console"], "level": env("LOG_LEVEL", "INFO")},
     "loggers": {"django.db.backends": {"level": "INFO"}},
 }
+
+# Orders: the Snowflake worker id of this process (0..1023; every process that issues
+# merchant order numbers at the same time needs its own) and how long a pre-order's
+# number stays usable.
+SNOWFLAKE_WORKER_ID = env_int("SNOWFLAKE_WORKER_ID", 1)
+PREORDER_TTL_SECONDS = env_int("PREORDER_TTL_SECONDS", 3600)

@@ -1,0 +1,35 @@
+from django.http import Http404
+from django.utils import timezone
+from rest_framework import serializers
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from .models import IdempotencyRecord
+
+
+class IdempotencyKeyApi(APIView):
+    """Where did my request with this key end? Lets a client that timed out resolve
+    an unknown outcome without sending the request again."""
+
+    class OutputSerializer(serializers.Serializer):
+        key = serializers.CharField()
+        status = serializers.CharField()
+        created_at = serializers.DateTimeField()
+        expires_at = serializers.DateTimeField()
+        response_status = serializers.IntegerField(allow_null=True)
+
+    def get(self, request: Request, key: str) -> Response:
+        record = (
+            IdempotencyRecord.objects.filter(
+                scope=f"user:{request.user.pk}", key=key, expires_at__gt=timezone.now()
+            )
+            .only("key", "status", "created_at", "expires_at", "response_status")
+            .first()
+        )
+        if record is None:
+            raise Http404
+        data = self.OutputSerializer(record).data
+        if not record.finished:
+            data.pop("response_status")
+        return Response(data)

@@ -1,0 +1,90 @@
+"""Opt a view into idempotency: `@idempotent("orders.create")` on a DRF method.
+
+```python
+class OrderCreateApi(APIView):
+    @idempotent("orders.create")
+    def post(self, request): ...
+
+class PayApi(APIView):
+    @idempotent("orders.pay", phased=True)
+    def post(self, request, merchant_order_no, idem: Phases): ...
+```
+
+The setting `IDEMPOTENCY_ENDPOINTS` switches it per endpoint name: `"required"` (the
+default), `"optional"` (a request without a key runs without the layer) or `"off"`.
+"""
+
+from collections.abc import Callable
+from functools import wraps
+from typing import Any
+
+from django.conf import settings
+from django.http import HttpResponse
+from rest_framework.request import Request
+from rest_framework.views import APIView
+
+from . import metrics
+from .engine import Call, Phases, execute
+from .exceptions import IdempotencyKeyInvalid, IdempotencyKeyMissing
+from .fingerprint import fingerprint, key_is_valid
+
+HEADER = "Idempotency-Key"
+
+
+def _mode(endpoint: str) -> str:
+    return getattr(settings, "IDEMPOTENCY_ENDPOINTS", {}).get(endpoint, "required")
+
+
+def describe(request: Request, endpoint: str) -> Call | None:
+    """Read and validate the key; None when the endpoint may run without one."""
+    key = request.headers.get(HEADER)
+    mode = _mode(endpoint)
+    if mode == "off" or (key is None and mode == "optional"):
+        return None
+    if key is None:
+        metrics.count("missing")
+        raise IdempotencyKeyMissing()
+    if not key_is_valid(key):
+        metrics.count("invalid")
+        raise IdempotencyKeyInvalid()
+    digest, fields = fingerprint(request.method or "", request.path, request.body)
+    return Call(
+        scope=f"user:{request.user.pk}",
+        key=key,
+        endpoint=endpoint,
+        method=request.method or "",
+        path=request.path,
+        fingerprint=digest,
+        fields=fields,
+    )
+
+
+def idempotent(endpoint: str, *, phased: bool = False) -> Callable:
+    """Make a DRF view method take effect at most once per user and key."""
+
+    def decorate(method: Callable[..., Any]) -> Callable[..., Any]:
+        @wraps(method)
+        def wrapper(view: APIView, request: Request, *args: Any, **kwargs: Any) -> Any:
+            call = describe(request, endpoint)
+
+            def run(phases: Phases | None) -> HttpResponse:
+                extra = {"idem": phases} if phased else {}
+                try:
+                    response = method(view, request, *args, **kwargs, **extra)
+                except Exception as exc:
+                    # Domain errors become their problem+json response here, so the
+                    # refusal can be stored; anything else propagates as a 500.
+                    response = view.handle_exception(exc)
+                # Render now: the engine stores the exact bytes the client receives.
+                response = view.finalize_response(request, response, *args, **kwargs)
+                if hasattr(response, "render"):
+                    response.render()
+                return response
+
+            if call is None:
+                return run(None)
+            return execute(call, run, phased=phased)
+
+        return wrapper
+
+    return decorate

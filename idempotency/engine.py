@@ -1,0 +1,420 @@
+"""The idempotency engine: the request walk of DESIGN.md, one function per step.
+
+`execute()` is framework-neutral: it takes a described request and a `run` callable that
+produces the response, and guarantees that `run` takes effect at most once per
+(scope, key). Two modes:
+
+* **atomic** (the default), for work that touches only our database. The effect and the
+  finished key record commit in one transaction, so "it happened" and "the key says it
+  happened" can never disagree, and a crash leaves nothing behind to recover.
+* **phased**, for work that calls outside (the payment provider). The record is
+  committed first, in `processing`, with a lease; the work commits in phases, each
+  saving a recovery point; a retry after the lease has expired (the first process
+  died) takes the key over and continues from the last recovery point.
+
+What is stored: business outcomes, 2xx and 4xx, are stored and replayed byte for byte.
+What is not: 5xx, 429 and our own 409 in-flight answer; after them the key is free, so
+a retry runs again. (In atomic mode nothing of a 5xx commits; in phased mode the phases
+that did commit stay, and the retry resumes after them.)
+"""
+
+import hashlib
+import math
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+import redis as redis_lib
+from django.conf import settings
+from django.db import connection, transaction
+from django.http import HttpResponse
+from django.utils import timezone
+
+from . import fastpath, metrics
+from .exceptions import (
+    IdempotencyKeyInFlight,
+    IdempotencyKeyReused,
+    IdempotencyUnavailable,
+    LeaseLost,
+)
+from .fingerprint import changed_fields
+from .models import IdempotencyRecord
+
+Status = IdempotencyRecord.Status
+STORED_HEADERS = ("Content-Type", "Location")
+REPLAY_HEADER = "Idempotent-Replayed"
+
+
+@dataclass(frozen=True)
+class Call:
+    """One idempotent request, described independently of any web framework."""
+
+    scope: str
+    key: str
+    endpoint: str
+    method: str
+    path: str
+    fingerprint: str
+    fields: dict[str, str]
+
+
+@dataclass
+class Phases:
+    """Handed to a phased view: where the work stands and how to commit the next step.
+
+    ```python
+    if idem.recovery_point == "started":
+        with idem.phase("payment_created"):
+            idem.data["payment_id"] = payment_create(...).pk
+    if idem.recovery_point == "payment_created":
+        answer = provider.charge(...)          # outside, no transaction, no row locks
+        with idem.phase("provider_answered"):
+            payment_record_answer(...)
+    ```
+    """
+
+    record_id: int
+    recovery_point: str
+    data: dict[str, Any]
+    locked_until: datetime
+    resumed: bool = False
+
+    @contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        """Run a block in a transaction that also saves `name` as the recovery point.
+
+        The save is conditional on our lease (`locked_until` unchanged): if another
+        request took the key over meanwhile, the whole phase rolls back.
+        """
+        with transaction.atomic():
+            yield
+            renewed = timezone.now() + _lease()
+            saved = IdempotencyRecord.objects.filter(
+                pk=self.record_id, locked_until=self.locked_until
+            ).update(recovery_point=name, recovery_data=self.data, locked_until=renewed)
+            if not saved:
+                raise LeaseLost(f"lost the lease on record {self.record_id}")
+        self.recovery_point, self.locked_until = name, renewed
+
+
+Run = Callable[[Phases | None], HttpResponse]
+
+
+def _lease() -> timedelta:
+    return timedelta(seconds=settings.IDEMPOTENCY_LEASE_SECONDS)
+
+
+def _store(response: HttpResponse) -> bool:
+    """Is this response a business outcome a retry must see again?"""
+    return response.status_code < 500 and response.status_code != 429
+
+
+def stored_response(
+    fingerprint: str, response: HttpResponse
+) -> fastpath.StoredResponse:
+    headers = {h: response[h] for h in STORED_HEADERS if response.has_header(h)}
+    return fastpath.StoredResponse(
+        fingerprint, response.status_code, headers, response.content
+    )
+
+
+def replay(stored: fastpath.StoredResponse) -> HttpResponse:
+    metrics.count("replayed")
+    response = HttpResponse(stored.body, status=stored.status)
+    for name, value in stored.headers.items():
+        response[name] = value
+    response[REPLAY_HEADER] = "true"
+    return response
+
+
+def _record_stored(record: IdempotencyRecord) -> fastpath.StoredResponse:
+    return fastpath.StoredResponse(
+        record.fingerprint,
+        record.response_status or 200,
+        record.response_headers,
+        bytes(record.response_body or b""),
+    )
+
+
+def _refuse_reuse(record: IdempotencyRecord, call: Call) -> IdempotencyKeyReused:
+    metrics.count("reused")
+    if (record.method, record.path) != (call.method, call.path):
+        detail = (
+            f"This key was first used for {record.method} {record.path}; "
+            "use a new key for a new operation."
+        )
+        return IdempotencyKeyReused(detail, fields=[])
+    fields = changed_fields(record.request_fields, call.fields)
+    named = ", ".join(fields) if fields else "the body"
+    return IdempotencyKeyReused(
+        f"This key was first used with a different request ({named} differ); "
+        "use a new key for a new operation.",
+        fields=fields,
+    )
+
+
+def _seconds_left(until: datetime | None) -> int:
+    if until is None:
+        return 1
+    return max(1, math.ceil((until - timezone.now()).total_seconds()))
+
+
+def _advisory_lock(call: Call) -> bool:
+    """Without Redis, a PostgreSQL advisory lock (held until the transaction ends,
+    released by the server even if this process dies) stands in for the Redis lock.
+    SQLite needs none: `BEGIN IMMEDIATE` already serialises writers."""
+    if connection.vendor != "postgresql":
+        return True
+    digest = hashlib.sha256(f"{call.scope}\x00{call.key}".encode()).digest()
+    lock_id = int.from_bytes(digest[:8], "big", signed=True)
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_try_advisory_xact_lock(%s)", [lock_id])
+        return bool(cursor.fetchone()[0])
+
+
+def _new_record(call: Call, **values: Any) -> IdempotencyRecord:
+    now = timezone.now()
+    return IdempotencyRecord(
+        scope=call.scope,
+        key=call.key,
+        endpoint=call.endpoint,
+        method=call.method,
+        path=call.path,
+        fingerprint=call.fingerprint,
+        request_fields=call.fields,
+        created_at=now,
+        expires_at=now + timedelta(seconds=settings.IDEMPOTENCY_TTL_SECONDS),
+        **values,
+    )
+
+
+def _insert(record: IdempotencyRecord) -> bool:
+    """INSERT ... ON CONFLICT (scope, key) DO NOTHING; True if the row is ours.
+
+    One statement, no savepoint: losing the race is an answer, not an exception.
+    """
+    meta = IdempotencyRecord._meta
+    fields = [f for f in meta.concrete_fields if not f.primary_key]
+    columns = ", ".join(connection.ops.quote_name(f.column) for f in fields)
+    values = [
+        f.get_db_prep_save(getattr(record, f.attname), connection) for f in fields
+    ]
+    # Only model metadata is formatted in; every value is a parameter.
+    table = connection.ops.quote_name(meta.db_table)
+    sql = (
+        f"INSERT INTO {table} ({columns}) "  # noqa: S608
+        f"VALUES ({', '.join(['%s'] * len(fields))}) "
+        "ON CONFLICT (scope, key) DO NOTHING RETURNING id"
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(sql, values)
+        row = cursor.fetchone()
+    if row:
+        record.pk = row[0]
+    return row is not None
+
+
+def _existing(call: Call, *, for_update: bool = False) -> IdempotencyRecord | None:
+    records = IdempotencyRecord.objects.filter(scope=call.scope, key=call.key)
+    if for_update:
+        records = records.select_for_update()
+    record = records.first()
+    if record is not None and record.expires_at <= timezone.now():
+        # Past its time to live the key is forgotten, even before the purge runs.
+        record.delete()
+        return None
+    return record
+
+
+def _answer_existing(record: IdempotencyRecord, call: Call) -> HttpResponse:
+    """Check 2, on the record: another request → 422; finished → replay; else 409."""
+    if record.fingerprint != call.fingerprint:
+        raise _refuse_reuse(record, call)
+    if record.finished:
+        return replay(_record_stored(record))
+    metrics.count("in_flight")
+    raise IdempotencyKeyInFlight(_seconds_left(record.locked_until))
+
+
+class _Discard(Exception):
+    """Roll the transaction back; the response is returned, maybe stored afterwards."""
+
+    def __init__(self, response: HttpResponse) -> None:
+        self.response = response
+
+
+def execute(call: Call, run: Run, *, phased: bool = False) -> HttpResponse:
+    """Let `run` take effect at most once per scope and key (see the module doc)."""
+    lease_ms = settings.IDEMPOTENCY_LEASE_SECONDS * 1000
+    started = time.perf_counter()
+    try:
+        fast = fastpath.begin(call.scope, call.key, lease_ms)
+    except redis_lib.RedisError:
+        if settings.IDEMPOTENCY_REDIS_FAILURE == "refuse":
+            metrics.count("refused")
+            raise IdempotencyUnavailable() from None
+        metrics.count("fallback")
+        fast = fastpath.FastPath(available=False)
+    if fast.cached is not None and fast.cached.fingerprint == call.fingerprint:
+        return replay(fast.cached)  # check 1: answered without the database
+    if fast.busy_ms:
+        metrics.count("in_flight")
+        raise IdempotencyKeyInFlight(math.ceil(fast.busy_ms / 1000))
+
+    stored: fastpath.StoredResponse | None = None
+    try:
+        if phased:
+            response, stored = _execute_phased(call, run, fast, started)
+        else:
+            response, stored = _execute_atomic(call, run, fast, started)
+        return response
+    finally:
+        fastpath.finish(fast, stored, settings.IDEMPOTENCY_REPLAY_CACHE_SECONDS * 1000)
+
+
+def _execute_atomic(
+    call: Call, run: Run, fast: fastpath.FastPath, started: float
+) -> tuple[HttpResponse, fastpath.StoredResponse | None]:
+    try:
+        with transaction.atomic():
+            if not fast.locked and not _advisory_lock(call):
+                metrics.count("in_flight")
+                raise IdempotencyKeyInFlight(1)
+            metrics.lock_wait.observe(time.perf_counter() - started)
+            record = _existing(call)
+            if record is not None:
+                return _answer_existing(record, call), None
+            response = run(None)
+            if response.status_code >= 400:
+                # Undo whatever the view did; store the refusal afterwards.
+                raise _Discard(response)
+            stored = stored_response(call.fingerprint, response)
+            if not _insert(_finished_record(call, stored)):
+                # A duplicate that slipped past a lost Redis lock finished first: our
+                # effect rolls back with this transaction and we replay the winner's.
+                raise _LostRace
+    except _Discard as discarded:
+        return _store_refusal(call, discarded.response)
+    except _LostRace:
+        return _answer_existing(_existing(call), call), None
+    metrics.count("executed")
+    return response, stored
+
+
+class _LostRace(Exception):
+    pass
+
+
+def _finished_record(call: Call, stored: fastpath.StoredResponse) -> IdempotencyRecord:
+    return _new_record(
+        call,
+        status=Status.SUCCEEDED if stored.status < 400 else Status.FAILED,
+        response_status=stored.status,
+        response_headers=stored.headers,
+        response_body=stored.body,
+        recovery_point="finished",
+    )
+
+
+def _store_refusal(
+    call: Call, response: HttpResponse
+) -> tuple[HttpResponse, fastpath.StoredResponse | None]:
+    """Store a 4xx business refusal in a transaction of its own; release on 5xx/429."""
+    if not _store(response):
+        metrics.count("released")
+        return response, None
+    stored = stored_response(call.fingerprint, response)
+    with transaction.atomic():
+        inserted = _insert(_finished_record(call, stored))
+    if not inserted:
+        return _answer_existing(_existing(call), call), None
+    metrics.count("executed")
+    return response, stored
+
+
+def _claim(call: Call, started: float) -> Phases | HttpResponse:
+    """Commit a `processing` record with a lease, or take over an expired one."""
+    now = timezone.now()
+    locked_until = now + _lease()
+    with transaction.atomic():
+        record = _new_record(call, status=Status.PROCESSING, locked_until=locked_until)
+        if _insert(record):
+            metrics.lock_wait.observe(time.perf_counter() - started)
+            return Phases(record.pk, record.recovery_point, {}, locked_until)
+        record = _existing(call, for_update=True)
+        if record is None:  # expired and forgotten just now: start afresh
+            record = _new_record(
+                call, status=Status.PROCESSING, locked_until=locked_until
+            )
+            _insert(record)
+            return Phases(record.pk, record.recovery_point, {}, locked_until)
+        if (
+            record.fingerprint != call.fingerprint
+            or record.finished
+            or (record.locked_until and record.locked_until > now)
+        ):
+            return _answer_existing(record, call)
+        # The holder's lease has passed: it died or hangs. Take the key over with a
+        # conditional update on the lease we saw, so only one retry wins.
+        taken = IdempotencyRecord.objects.filter(
+            pk=record.pk, locked_until=record.locked_until
+        ).update(locked_until=locked_until)
+        if not taken:
+            metrics.count("in_flight")
+            raise IdempotencyKeyInFlight(1)
+    metrics.count("taken_over")
+    metrics.lock_wait.observe(time.perf_counter() - started)
+    return Phases(
+        record.pk,
+        record.recovery_point,
+        record.recovery_data,
+        locked_until,
+        resumed=True,
+    )
+
+
+def _execute_phased(
+    call: Call, run: Run, fast: fastpath.FastPath, started: float
+) -> tuple[HttpResponse, fastpath.StoredResponse | None]:
+    claimed = _claim(call, started)
+    if isinstance(claimed, HttpResponse):
+        return claimed, None
+    phases = claimed
+    try:
+        response = run(phases)
+    except LeaseLost:
+        metrics.count("in_flight")
+        raise IdempotencyKeyInFlight(1) from None
+    except BaseException:
+        _release_lease(phases)
+        raise
+    if not _store(response):
+        _release_lease(phases)
+        metrics.count("released")
+        return response, None
+    stored = stored_response(call.fingerprint, response)
+    finished = IdempotencyRecord.objects.filter(
+        pk=phases.record_id, locked_until=phases.locked_until
+    ).update(
+        status=Status.SUCCEEDED if stored.status < 400 else Status.FAILED,
+        response_status=stored.status,
+        response_headers=stored.headers,
+        response_body=stored.body,
+        recovery_point="finished",
+        locked_until=None,
+    )
+    if not finished:
+        metrics.count("in_flight")
+        raise IdempotencyKeyInFlight(1)
+    metrics.count("executed")
+    return response, stored
+
+
+def _release_lease(phases: Phases) -> None:
+    """End our lease now so a retry may resume at once, from the last recovery point."""
+    IdempotencyRecord.objects.filter(
+        pk=phases.record_id, locked_until=phases.locked_until
+    ).update(locked_until=timezone.now())

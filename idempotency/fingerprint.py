@@ -1,0 +1,74 @@
+"""Idempotency keys and request fingerprints.
+
+A fingerprint is SHA-256 over the method, the path and a canonical form of the JSON
+body: object keys sorted, no insignificant whitespace, strings in one escaping, and
+numbers exactly as written (`1.0` and `1` are different requests; we never round).
+"""
+
+import hashlib
+import json
+import re
+from typing import Any
+
+KEY_PATTERN = re.compile(r"[\x20-\x7e]{1,255}")
+
+
+def key_is_valid(key: str) -> bool:
+    """1 to 255 printable ASCII characters."""
+    return KEY_PATTERN.fullmatch(key) is not None
+
+
+class Number(str):
+    """A JSON number kept as the text it was written as."""
+
+
+def _loads(raw: bytes) -> Any:
+    return json.loads(raw, parse_int=Number, parse_float=Number, parse_constant=Number)
+
+
+def canonical(value: Any) -> str:
+    """Serialize a parsed JSON value canonically."""
+    if isinstance(value, Number):
+        return str.__str__(value)
+    if isinstance(value, dict):
+        items = sorted(value.items())
+        return "{" + ",".join(f"{canonical(k)}:{canonical(v)}" for k, v in items) + "}"
+    if isinstance(value, list):
+        return "[" + ",".join(canonical(v) for v in value) + "]"
+    return json.dumps(value, ensure_ascii=False)
+
+
+def canonical_body(raw: bytes) -> tuple[str, Any]:
+    """Return (canonical text, parsed value) of a request body.
+
+    A body that is not JSON is fingerprinted as its raw bytes: the view will refuse it
+    anyway, and the same bytes must still replay the same refusal.
+    """
+    if not raw.strip():
+        return "", None
+    try:
+        parsed = _loads(raw)
+    except (ValueError, UnicodeDecodeError):
+        return "raw:" + hashlib.sha256(raw).hexdigest(), None
+    return canonical(parsed), parsed
+
+
+def _short_hash(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def fingerprint(method: str, path: str, raw_body: bytes) -> tuple[str, dict[str, str]]:
+    """Return the request's fingerprint and a short hash of each top-level field."""
+    text, parsed = canonical_body(raw_body)
+    digest = hashlib.sha256(f"{method}\n{path}\n{text}".encode()).hexdigest()
+    fields = (
+        {k: _short_hash(canonical(v)) for k, v in parsed.items()}
+        if isinstance(parsed, dict)
+        else {}
+    )
+    return digest, fields
+
+
+def changed_fields(first: dict[str, str], now: dict[str, str]) -> list[str]:
+    """The top-level fields whose presence or value differs between two requests."""
+    return sorted(k for k in first.keys() | now.keys() if first.get(k) != now.get(k))

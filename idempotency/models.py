@@ -1,0 +1,60 @@
+"""The idempotency key record: what a key was used for and how it ended.
+
+One row per (scope, key); the database's unique constraint, not a read-then-write,
+decides which of two concurrent requests owns a key.
+"""
+
+from django.db import models
+from django.db.models import Q
+
+
+class IdempotencyRecord(models.Model):
+    class Status(models.TextChoices):
+        PROCESSING = "processing", "Processing"
+        SUCCEEDED = "succeeded", "Succeeded"
+        FAILED = "failed", "Failed"
+
+    # Who the key belongs to ("user:<pk>"): two users may use the same key.
+    scope = models.CharField(max_length=64)
+    key = models.CharField(max_length=255)
+    # Which endpoint (the decorator's name) and request it was first used for.
+    endpoint = models.CharField(max_length=100)
+    method = models.CharField(max_length=10)
+    path = models.CharField(max_length=500)
+    fingerprint = models.CharField(max_length=64)
+    # A short hash of each top-level body field, so a 422 can name what changed
+    # without keeping the request body itself.
+    request_fields = models.JSONField(default=dict)
+    status = models.CharField(max_length=16, choices=Status.choices)
+    response_status = models.PositiveSmallIntegerField(null=True, blank=True)
+    response_headers = models.JSONField(default=dict)
+    response_body = models.BinaryField(null=True, blank=True)
+    # Multi-phase work: the last phase that committed, and what it needs to resume.
+    recovery_point = models.CharField(max_length=64, default="started")
+    recovery_data = models.JSONField(default=dict)
+    # The lease of an in-flight multi-phase request; a retry may take the key over
+    # once it has passed. Its exact value doubles as the lease holder's token.
+    locked_until = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    expires_at = models.DateTimeField(db_index=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["scope", "key"], name="idempotency_scope_key"
+            ),
+        ]
+        indexes = [
+            models.Index(
+                fields=["locked_until"],
+                condition=Q(status="processing"),
+                name="idempotency_in_flight",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.scope} {self.key} ({self.status})"
+
+    @property
+    def finished(self) -> bool:
+        return self.status != self.Status.PROCESSING

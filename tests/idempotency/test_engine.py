@@ -1,0 +1,247 @@
+"""Every status-code path of the contract's "Idempotent writes" section."""
+
+import pytest
+from django.utils import timezone
+from prometheus_client import REGISTRY
+
+import idempotency.metrics  # noqa: F401  (registers the counters before we read them)
+from idempotency.models import IdempotencyRecord
+from idempotency.redis import get_redis
+
+pytestmark = [pytest.mark.django_db, pytest.mark.urls("tests.idempotency.urls")]
+DEPOSITS = "/test/deposits"
+
+
+def counted(outcome: str) -> float:
+    sample = {"outcome": outcome}
+    return REGISTRY.get_sample_value("idempotency_requests_total", sample) or 0.0
+
+
+def assert_problem(response, status: int, code: str) -> dict:
+    assert response.status_code == status, response.content
+    assert response["Content-Type"] == "application/problem+json"
+    body = response.json()
+    assert body["code"] == code and body["status"] == status
+    return body
+
+
+@pytest.fixture(params=["redis", "database only"])
+def both_paths(request, settings):
+    """Run a test with the Redis fast path and without it."""
+    if request.param == "database only":
+        settings.REDIS_URL = ""
+    return request.param
+
+
+def test_missing_key_is_refused_and_nothing_runs(alice):
+    before = counted("missing")
+    response = alice.post(DEPOSITS, {"amount": 5}, key=None)
+    assert_problem(response, 400, "idempotency_key_missing")
+    assert alice.deposits() == 0
+    assert counted("missing") == before + 1
+
+
+@pytest.mark.parametrize("bad", ["", "x" * 256, "ключ", "tab\there", "nl\x7f"])
+def test_malformed_key_is_refused(alice, bad):
+    response = alice.post(DEPOSITS, {"amount": 5}, key=bad)
+    assert_problem(response, 400, "idempotency_key_invalid")
+    assert alice.deposits() == 0
+
+
+@pytest.mark.parametrize("good", ["a", "x" * 255, '~!@#$%^&*()_+ {}|:"<>?'])
+def test_any_printable_ascii_key_up_to_255_is_accepted(alice, good):
+    assert alice.post(DEPOSITS, {"amount": 5}, key=good).status_code == 201
+
+
+def test_retry_replays_the_first_response_byte_for_byte(alice, key, both_paths):
+    first = alice.post(DEPOSITS, {"amount": 5}, key)
+    assert first.status_code == 201
+    assert "Idempotent-Replayed" not in first
+    for _ in range(3):
+        again = alice.post(DEPOSITS, {"amount": 5}, key)
+        assert again.status_code == 201
+        assert again.content == first.content
+        assert again["Location"] == first["Location"]
+        assert again["Content-Type"] == first["Content-Type"]
+        assert again["Idempotent-Replayed"] == "true"
+    assert alice.deposits() == 1
+    record = IdempotencyRecord.objects.get(key=key)
+    assert (record.status, record.response_status) == ("succeeded", 201)
+
+
+def test_replay_comes_from_the_database_when_redis_forgot(alice, key):
+    first = alice.post(DEPOSITS, {"amount": 5}, key)
+    get_redis().flushdb()
+    again = alice.post(DEPOSITS, {"amount": 5}, key)
+    assert again.content == first.content and again["Idempotent-Replayed"] == "true"
+    assert alice.deposits() == 1
+
+
+def test_key_order_and_whitespace_do_not_change_the_request(alice, key):
+    alice.post(DEPOSITS, '{"amount": 5, "sleep": 0}', key)
+    again = alice.post(DEPOSITS, '{ "sleep":0,\n"amount":5 }', key)
+    assert again.status_code == 201 and again["Idempotent-Replayed"] == "true"
+    assert alice.deposits() == 1
+
+
+def test_same_key_other_body_is_422_naming_the_fields(alice, key, both_paths):
+    alice.post(DEPOSITS, {"amount": 5}, key)
+    body = assert_problem(
+        alice.post(DEPOSITS, {"amount": 6, "sleep": 0}, key),
+        422,
+        "idempotency_key_reused",
+    )
+    assert body["fields"] == ["amount", "sleep"]
+    assert "amount, sleep" in body["detail"]
+    assert alice.deposits() == 1
+
+
+def test_same_key_other_endpoint_is_422(alice, key):
+    alice.post(DEPOSITS, {"amount": 5}, key)
+    body = assert_problem(
+        alice.post("/test/phased-deposits", {"amount": 5}, key),
+        422,
+        "idempotency_key_reused",
+    )
+    assert "POST /test/deposits" in body["detail"]
+    assert alice.deposits() == 1
+
+
+def test_a_business_refusal_is_stored_and_its_effects_undone(alice, key, both_paths):
+    first = alice.post(DEPOSITS, {"amount": 5, "fail": "refuse"}, key)
+    assert_problem(first, 422, "insufficient_funds")
+    assert alice.deposits() == 0  # the deposit the view made rolled back
+    again = alice.post(DEPOSITS, {"amount": 5, "fail": "refuse"}, key)
+    assert again.content == first.content and again["Idempotent-Replayed"] == "true"
+    assert IdempotencyRecord.objects.get(key=key).status == "failed"
+
+
+def test_invalid_input_is_a_stored_400(alice, key):
+    first = alice.post(DEPOSITS, {"amount": "lots"}, key)
+    assert_problem(first, 400, "validation_error")
+    again = alice.post(DEPOSITS, {"amount": "lots"}, key)
+    assert again["Idempotent-Replayed"] == "true"
+
+
+def test_a_crash_is_not_stored_and_the_retry_runs_again(alice, key, both_paths):
+    crashing = alice.client()
+    crashing.raise_request_exception = False
+    first = alice.post(DEPOSITS, {"amount": 5, "fail": "crash_once"}, key, crashing)
+    assert first.status_code == 500
+    assert alice.deposits() == 0
+    assert not IdempotencyRecord.objects.filter(key=key).exists()
+    retry = alice.post(DEPOSITS, {"amount": 5, "fail": "crash_once"}, key)
+    assert retry.status_code == 201 and "Idempotent-Replayed" not in retry
+    assert alice.deposits() == 1
+
+
+def test_a_429_is_not_stored(alice, key):
+    assert (
+        alice.post(DEPOSITS, {"amount": 5, "fail": "throttle"}, key).status_code == 429
+    )
+    assert not IdempotencyRecord.objects.filter(key=key).exists()
+    assert alice.deposits() == 0
+
+
+def test_two_users_with_one_key_never_see_each_other(alice, bob, key, both_paths):
+    a = alice.post(DEPOSITS, {"amount": 5}, key)
+    b = bob.post(DEPOSITS, {"amount": 7}, key)
+    assert a.status_code == b.status_code == 201
+    assert "Idempotent-Replayed" not in b
+    assert a.json()["amount"] == 5 and b.json()["amount"] == 7
+    assert (alice.deposits(), bob.deposits()) == (1, 1)
+    status = bob.client().get(f"/api/v1/idempotency-keys/{key}")
+    assert status.json()["response_status"] == 201
+
+
+def test_key_status_endpoint(alice, bob, key):
+    client = alice.client()
+    assert_problem(client.get(f"/api/v1/idempotency-keys/{key}"), 404, "not_found")
+    alice.post(DEPOSITS, {"amount": 5}, key)
+    body = client.get(f"/api/v1/idempotency-keys/{key}").json()
+    assert body["status"] == "succeeded" and body["response_status"] == 201
+    assert body["expires_at"] > body["created_at"]
+    assert_problem(
+        bob.client().get(f"/api/v1/idempotency-keys/{key}"), 404, "not_found"
+    )
+
+
+def test_an_expired_key_is_forgotten(alice, key):
+    alice.post(DEPOSITS, {"amount": 5}, key)
+    IdempotencyRecord.objects.filter(key=key).update(expires_at=timezone.now())
+    get_redis().flushdb()
+    again = alice.post(DEPOSITS, {"amount": 5}, key)
+    assert again.status_code == 201 and "Idempotent-Replayed" not in again
+    assert alice.deposits() == 2
+
+
+def test_phased_request_finishes_and_replays(alice, key, both_paths):
+    first = alice.post("/test/phased-deposits", {"amount": 5}, key)
+    assert first.status_code == 201
+    record = IdempotencyRecord.objects.get(key=key)
+    assert record.recovery_point == "finished" and record.locked_until is None
+    again = alice.post("/test/phased-deposits", {"amount": 5}, key)
+    assert again.content == first.content and again["Idempotent-Replayed"] == "true"
+    assert alice.deposits() == 1
+
+
+def test_in_flight_phased_key_is_409_with_retry_after(alice, key, no_redis):
+    # A committed processing record whose lease has not passed: the first request is
+    # (as far as anyone can tell) still working.
+    alice.post("/test/phased-deposits", {"amount": 5}, key)
+    IdempotencyRecord.objects.filter(key=key).update(
+        status="processing",
+        recovery_point="deposited",
+        locked_until=timezone.now() + timezone.timedelta(seconds=20),
+    )
+    response = alice.post("/test/phased-deposits", {"amount": 5}, key)
+    assert_problem(response, 409, "idempotency_key_in_flight")
+    assert 19 <= int(response["Retry-After"]) <= 20
+
+
+def test_expired_lease_is_taken_over_and_resumed(alice, key, no_redis):
+    alice.post("/test/phased-deposits", {"amount": 5}, key)
+    IdempotencyRecord.objects.filter(key=key).update(
+        status="processing",
+        recovery_point="deposited",
+        locked_until=timezone.now() - timezone.timedelta(seconds=1),
+    )
+    before = counted("taken_over")
+    response = alice.post("/test/phased-deposits", {"amount": 5}, key)
+    assert response.status_code == 201 and "Idempotent-Replayed" not in response
+    assert alice.deposits() == 1  # resumed after the deposit, not repeated
+    assert IdempotencyRecord.objects.get(key=key).recovery_data["resumed"] is True
+    assert counted("taken_over") == before + 1
+
+
+def test_optional_mode_runs_without_a_key(alice, settings):
+    settings.IDEMPOTENCY_ENDPOINTS = {"test.deposit": "optional"}
+    assert alice.post(DEPOSITS, {"amount": 5}, key=None).status_code == 201
+    assert not IdempotencyRecord.objects.exists()
+
+
+def test_unreachable_redis_falls_back_to_the_database(alice, key, settings):
+    settings.REDIS_URL = "redis://127.0.0.1:1/0"  # nothing listens there
+    before = counted("fallback")
+    first = alice.post(DEPOSITS, {"amount": 5}, key)
+    again = alice.post(DEPOSITS, {"amount": 5}, key)
+    assert first.status_code == 201 and again["Idempotent-Replayed"] == "true"
+    assert alice.deposits() == 1
+    assert counted("fallback") == before + 2
+
+
+def test_unreachable_redis_can_be_refused_instead(alice, key, settings):
+    settings.REDIS_URL = "redis://127.0.0.1:1/0"
+    settings.IDEMPOTENCY_REDIS_FAILURE = "refuse"
+    response = alice.post(DEPOSITS, {"amount": 5}, key)
+    assert_problem(response, 503, "idempotency_unavailable")
+    assert alice.deposits() == 0 and not IdempotencyRecord.objects.exists()
+
+
+def test_metrics_expose_the_outcomes(alice, key, client):
+    alice.post(DEPOSITS, {"amount": 5}, key)
+    alice.post(DEPOSITS, {"amount": 5}, key)
+    text = client.get("/metrics").content.decode()
+    for outcome in ("executed", "replayed", "in_flight", "reused", "missing"):
+        assert f'idempotency_requests_total{{outcome="{outcome}"}}' in text
+    assert "idempotency_lock_wait_seconds_bucket" in text

@@ -1,0 +1,85 @@
+"""Test-only endpoints whose effect is real money: a deposit into the caller's wallet.
+
+Counting journal entries therefore counts executions that took effect.
+"""
+
+import time
+import uuid
+
+from django.conf import settings
+from rest_framework import serializers
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from idempotency.decorators import idempotent
+from idempotency.engine import Phases
+from ledger.exceptions import InsufficientFunds
+from ledger.models import JournalEntry
+from ledger.services import ledger_deposit, wallet_get_or_create
+
+crashed_once: set[str] = set()
+
+
+class DepositInput(serializers.Serializer):
+    amount = serializers.IntegerField(min_value=1)
+    sleep = serializers.FloatField(required=False, default=0)
+    fail = serializers.ChoiceField(
+        choices=["refuse", "crash", "crash_once", "throttle"], required=False
+    )
+
+
+def _deposit(request: Request, amount: int, reference: str) -> JournalEntry:
+    wallet = wallet_get_or_create(
+        user=request.user, currency=settings.LEDGER_DEFAULT_CURRENCY
+    )
+    return ledger_deposit(account_id=wallet.pk, amount=amount, reference=reference)
+
+
+def _created(entry: JournalEntry, amount: int) -> Response:
+    return Response(
+        {"entry_id": entry.pk, "amount": amount},
+        status=201,
+        headers={"Location": f"/test/deposits/{entry.pk}"},
+    )
+
+
+class DepositApi(APIView):
+    @idempotent("test.deposit")
+    def post(self, request: Request) -> Response:
+        data = DepositInput(data=request.data)
+        data.is_valid(raise_exception=True)
+        entry = _deposit(request, data.validated_data["amount"], f"t:{uuid.uuid4()}")
+        time.sleep(data.validated_data["sleep"])
+        fail = data.validated_data.get("fail")
+        key = request.headers.get("Idempotency-Key", "")
+        if fail == "refuse":
+            raise InsufficientFunds()
+        if fail == "crash" or (fail == "crash_once" and key not in crashed_once):
+            crashed_once.add(key)
+            raise RuntimeError("the view crashed")
+        if fail == "throttle":
+            return Response({"detail": "slow down"}, status=429)
+        return _created(entry, data.validated_data["amount"])
+
+
+class PhasedDepositApi(APIView):
+    """Phase 1 deposits and commits; then a pause stands for a slow outside call
+    (the window in which tests kill the process); phase 2 records that it returned."""
+
+    @idempotent("test.phased_deposit", phased=True)
+    def post(self, request: Request, idem: Phases) -> Response:
+        data = DepositInput(data=request.data)
+        data.is_valid(raise_exception=True)
+        amount = data.validated_data["amount"]
+        if idem.recovery_point == "started":
+            with idem.phase("deposited"):
+                idem.data["entry_id"] = _deposit(
+                    request, amount, f"phased:{idem.record_id}"
+                ).pk
+        if idem.recovery_point == "deposited":
+            time.sleep(data.validated_data["sleep"])
+            with idem.phase("outside_call_done"):
+                idem.data["resumed"] = idem.resumed
+        entry = JournalEntry.objects.get(pk=idem.data["entry_id"])
+        return _created(entry, amount)
