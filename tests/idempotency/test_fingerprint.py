@@ -1,0 +1,89 @@
+"""Canonical JSON: key order and whitespace never change a fingerprint; any value
+change does."""
+
+import json
+import random
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from idempotency.fingerprint import canonical_body, changed_fields, fingerprint
+
+scalars = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(),
+    st.floats(allow_nan=False, allow_infinity=False),
+    st.text(max_size=20),
+)
+documents = st.recursive(
+    scalars,
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=4),
+        st.dictionaries(st.text(max_size=8), inner, max_size=4),
+    ),
+    max_leaves=20,
+)
+bodies = st.dictionaries(
+    st.text(min_size=1, max_size=8), documents, min_size=1, max_size=6
+)
+
+
+def shuffled(value, rng: random.Random):
+    if isinstance(value, dict):
+        items = list(value.items())
+        rng.shuffle(items)
+        return {k: shuffled(v, rng) for k, v in items}
+    if isinstance(value, list):
+        return [shuffled(v, rng) for v in value]
+    return value
+
+
+def fp(raw: str) -> str:
+    return fingerprint("POST", "/api/v1/orders", raw.encode())[0]
+
+
+@given(body=bodies, seed=st.integers(), indent=st.sampled_from([None, 0, 2, "\t"]))
+def test_key_order_and_whitespace_do_not_matter(body, seed, indent):
+    other = json.dumps(
+        shuffled(body, random.Random(seed)), indent=indent, ensure_ascii=seed % 2 == 0
+    )
+    assert fp(json.dumps(body)) == fp(other)
+
+
+@given(body=bodies, data=st.data())
+def test_any_value_change_changes_the_fingerprint(body, data):
+    field = data.draw(st.sampled_from(sorted(body)))
+    new_value = data.draw(
+        documents.filter(
+            lambda v: (
+                canonical_body(json.dumps(v).encode())[0]
+                != canonical_body(json.dumps(body[field]).encode())[0]
+            )
+        )
+    )
+    changed = {**body, field: new_value}
+    assert fp(json.dumps(body)) != fp(json.dumps(changed))
+    first = fingerprint("POST", "/x", json.dumps(body).encode())[1]
+    now = fingerprint("POST", "/x", json.dumps(changed).encode())[1]
+    assert changed_fields(first, now) == [field]
+
+
+def test_numbers_are_kept_as_written():
+    assert fp('{"amount": 1}') != fp('{"amount": 1.0}')
+    assert fp('{"amount": 100}') != fp('{"amount": 1e2}')
+    assert fp('{"amount": 12345678901234567890123}') != fp(
+        '{"amount": 12345678901234567890124}'
+    )
+
+
+def test_method_and_path_are_part_of_it():
+    body = b'{"a": 1}'
+    assert fingerprint("POST", "/a", body)[0] != fingerprint("POST", "/b", body)[0]
+    assert fingerprint("POST", "/a", body)[0] != fingerprint("PUT", "/a", body)[0]
+
+
+def test_non_json_bodies_are_fingerprinted_by_their_bytes():
+    assert fp("not json") == fp("not json")
+    assert fp("not json") != fp("not json!")
+    assert fp("") == fp("  ")

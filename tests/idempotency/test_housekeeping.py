@@ -1,0 +1,83 @@
+from datetime import timedelta
+from io import StringIO
+
+import pytest
+from django.core.management import call_command
+from django.utils import timezone
+
+from idempotency.models import IdempotencyRecord
+from idempotency.services import record_purge_expired, record_release_stuck
+
+pytestmark = pytest.mark.django_db
+
+
+def make(n: int, *, expired: bool, tag: str = "", **values) -> None:
+    now = timezone.now()
+    offset = timedelta(seconds=-1 if expired else 3600)
+    IdempotencyRecord.objects.bulk_create(
+        IdempotencyRecord(
+            scope="user:1",
+            key=f"{'old' if expired else 'new'}-{tag}-{i}",
+            endpoint="test",
+            method="POST",
+            path="/x",
+            fingerprint="f",
+            status=values.get("status", "succeeded"),
+            recovery_point=values.get("recovery_point", "finished"),
+            locked_until=values.get("locked_until"),
+            expires_at=now + offset,
+        )
+        for i in range(n)
+    )
+
+
+def test_purge_deletes_only_expired_records_in_batches(django_assert_max_num_queries):
+    make(5, expired=True)
+    make(3, expired=False)
+    # 3 batches of 2 (the last one short), each a small transaction of its own:
+    # savepoint, select ids, delete, release (the test itself runs in a transaction).
+    with django_assert_max_num_queries(3 * 4):
+        assert record_purge_expired(batch_size=2) == 5
+    assert IdempotencyRecord.objects.count() == 3
+    assert not IdempotencyRecord.objects.filter(expires_at__lte=timezone.now()).exists()
+
+
+def test_purge_command():
+    make(2, expired=True)
+    out = StringIO()
+    call_command("purge_idempotency_keys", stdout=out)
+    assert "deleted 2" in out.getvalue()
+
+
+def test_release_stuck_frees_only_keys_with_nothing_committed():
+    long_ago = timezone.now() - timedelta(minutes=10)
+    make(
+        2,
+        expired=False,
+        tag="a",
+        status="processing",
+        recovery_point="started",
+        locked_until=long_ago,
+    )
+    make(
+        1,
+        expired=False,
+        tag="b",
+        status="processing",
+        recovery_point="deposited",
+        locked_until=long_ago,
+    )
+    make(
+        1,
+        expired=False,
+        tag="c",
+        status="processing",
+        recovery_point="started",
+        locked_until=timezone.now() + timedelta(seconds=30),
+    )
+    assert record_release_stuck(grace_seconds=60) == 2
+    left = set(IdempotencyRecord.objects.values_list("recovery_point", flat=True))
+    assert left == {"deposited", "started"}  # past a recovery point, or still leased
+    out = StringIO()
+    call_command("release_stuck_idempotency_keys", stdout=out)
+    assert "released 0" in out.getvalue()
