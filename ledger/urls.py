@@ -10,6 +10,8 @@ api_v1 = [
     path(
         "accounts/me/entries", apis.AccountEntriesApi.as_view(), name="account-entries"
     ),
+    path("", include("orders.api_urls")),
+    path("", include("payments.api_urls")),
 ]
 
 urlpatterns = [

@@ -1,0 +1,20 @@
+"""The orders API, mounted under /api/v1/ by `ledger.urls`."""
+
+from django.urls import path
+
+from . import apis
+
+urlpatterns = [
+    path("preorders", apis.PreOrderCreateApi.as_view(), name="api-preorder-create"),
+    path("orders", apis.OrderCreateApi.as_view(), name="api-order-create"),
+    path(
+        "orders/<str:merchant_order_no>",
+        apis.OrderDetailApi.as_view(),
+        name="api-order-detail",
+    ),
+    path(
+        "orders/<str:merchant_order_no>/cancel",
+        apis.OrderCancelApi.as_view(),
+        name="api-order-cancel",
+    ),
+]

@@ -1,0 +1,97 @@
+from django.conf import settings
+from django.core.validators import RegexValidator
+from django.urls import reverse
+from rest_framework import serializers, status
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from idempotency.decorators import idempotent
+
+from .fields import (
+    MAX_AMOUNT,
+    StrictCharField,
+    StrictInputSerializer,
+    StrictIntegerField,
+)
+from .models import MERCHANT_ORDER_NO_MAX_LENGTH, Order
+from .selectors import order_get
+from .services import order_cancel, order_create, preorder_create
+
+currency_code = RegexValidator(
+    r"^[A-Z]{3}\Z", "An ISO 4217 code: three upper-case letters."
+)
+
+
+class OrderOutputSerializer(serializers.Serializer):
+    merchant_order_no = serializers.CharField()
+    amount = serializers.IntegerField()
+    currency = serializers.CharField()
+    description = serializers.CharField()
+    status = serializers.CharField(source="status_name")
+    created_at = serializers.DateTimeField()
+    updated_at = serializers.DateTimeField()
+    paid_at = serializers.DateTimeField()
+
+
+def order_response(order: Order, *, status_code: int = status.HTTP_200_OK) -> Response:
+    return Response(OrderOutputSerializer(order).data, status=status_code)
+
+
+class PreOrderCreateApi(APIView):
+    """Issue a fresh merchant order number to the caller (the pre-order step).
+
+    Not behind an Idempotency-Key: a retried pre-order only issues an unused number,
+    which expires on its own.
+    """
+
+    class OutputSerializer(serializers.Serializer):
+        merchant_order_no = serializers.CharField()
+        expires_at = serializers.DateTimeField()
+
+    def post(self, request: Request) -> Response:
+        preorder = preorder_create(owner=request.user)
+        return Response(
+            self.OutputSerializer(preorder).data, status=status.HTTP_201_CREATED
+        )
+
+
+class OrderCreateApi(APIView):
+    class InputSerializer(StrictInputSerializer):
+        merchant_order_no = StrictCharField(max_length=MERCHANT_ORDER_NO_MAX_LENGTH)
+        amount = StrictIntegerField(min_value=1, max_value=MAX_AMOUNT)
+        currency = StrictCharField(required=False, validators=[currency_code])
+        description = StrictCharField(
+            required=False, allow_blank=True, max_length=255, default=""
+        )
+
+    @idempotent("orders.create")
+    def post(self, request: Request) -> Response:
+        serializer = self.InputSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        data = serializer.validated_data
+        order = order_create(
+            owner=request.user,
+            merchant_order_no=data["merchant_order_no"],
+            amount=data["amount"],
+            currency=data.get("currency") or settings.LEDGER_DEFAULT_CURRENCY,
+            description=data["description"],
+        )
+        response = order_response(order, status_code=status.HTTP_201_CREATED)
+        response["Location"] = request.build_absolute_uri(
+            reverse("api-order-detail", args=[order.merchant_order_no])
+        )
+        return response
+
+
+class OrderDetailApi(APIView):
+    def get(self, request: Request, merchant_order_no: str) -> Response:
+        order = order_get(owner=request.user, merchant_order_no=merchant_order_no)
+        return order_response(order)
+
+
+class OrderCancelApi(APIView):
+    @idempotent("orders.cancel")
+    def post(self, request: Request, merchant_order_no: str) -> Response:
+        order = order_get(owner=request.user, merchant_order_no=merchant_order_no)
+        return order_response(order_cancel(order_id=order.pk))

@@ -1,0 +1,41 @@
+from django.urls import reverse
+
+from ledger.exceptions import DomainError
+
+
+class MerchantOrderNoUnknown(DomainError):
+    status = 422
+    code = "merchant_order_no_unknown"
+    title = "Unknown merchant order number"
+    default_detail = (
+        "This merchant order number was not issued to you by a pre-order, or it "
+        "expired unused; ask for a new one with POST /api/v1/preorders."
+    )
+
+
+class DuplicateOrder(DomainError):
+    status = 409
+    code = "duplicate_order"
+    title = "Duplicate order"
+
+    def __init__(self, *, merchant_order_no: str) -> None:
+        self.merchant_order_no = merchant_order_no
+        url = reverse("api-order-detail", args=[merchant_order_no])
+        super().__init__(
+            f"An order with merchant order number {merchant_order_no} already "
+            f"exists: {url}",
+            order_url=url,
+        )
+
+
+class OrderNotCancellable(DomainError):
+    status = 409
+    code = "order_not_cancellable"
+    title = "Order cannot be cancelled"
+    default_detail = "Only an order that is still pending payment can be cancelled."
+
+
+class OrderTransitionNotAllowed(DomainError):
+    status = 409
+    code = "order_transition_not_allowed"
+    title = "Order cannot move to that state"

@@ -1,0 +1,123 @@
+"""Orders and the pre-order step that issues their merchant order numbers.
+
+A client first asks for a pre-order: a fresh merchant order number (a Snowflake id)
+recorded with the caller it was issued to and when it expires. Creating the order then
+names that number. The number is the order's natural idempotency key: the web form
+carries it as a one-time token, and the unique constraint on (owner, merchant_order_no)
+turns any second submission into "here is the order you already placed".
+"""
+
+from django.conf import settings
+from django.db import models
+from django.db.models import Q
+from django.utils import timezone
+from django.utils.translation import gettext_lazy as _
+from django_fsm import ConcurrentTransitionMixin, FSMIntegerField, transition
+
+MERCHANT_ORDER_NO_MAX_LENGTH = 32
+
+
+class PreOrder(models.Model):
+    merchant_order_no = models.CharField(
+        max_length=MERCHANT_ORDER_NO_MAX_LENGTH, unique=True
+    )
+    owner = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="preorders"
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    expires_at = models.DateTimeField(db_index=True)
+
+    class Meta:
+        verbose_name = _("pre-order")
+        verbose_name_plural = _("pre-orders")
+
+    def __str__(self) -> str:
+        return self.merchant_order_no
+
+    @property
+    def is_expired(self) -> bool:
+        return self.expires_at <= timezone.now()
+
+
+class Order(ConcurrentTransitionMixin, models.Model):
+    """An order moves only forward through its integer states.
+
+    The transitions below only declare the legal edges; `orders.services` saves them,
+    and `ConcurrentTransitionMixin` makes that save an `UPDATE ... WHERE status =
+    <the status we read>`, so two concurrent transitions cannot both win.
+    """
+
+    class Status(models.IntegerChoices):
+        PENDING_PAYMENT = 10, _("Pending payment")
+        PAID = 20, _("Paid")
+        SHIPPED = 30, _("Shipped")
+        COMPLETED = 40, _("Completed")
+        CANCELLED = 90, _("Cancelled")
+        REFUNDED = 95, _("Refunded")
+
+    owner = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="orders"
+    )
+    merchant_order_no = models.CharField(
+        _("merchant order number"), max_length=MERCHANT_ORDER_NO_MAX_LENGTH
+    )
+    amount = models.BigIntegerField(_("amount"))  # minor units
+    currency = models.CharField(_("currency"), max_length=3)
+    description = models.CharField(_("description"), max_length=255, blank=True)
+    status = FSMIntegerField(
+        _("status"),
+        choices=Status.choices,
+        default=Status.PENDING_PAYMENT,
+        protected=True,
+        db_index=True,
+    )
+    created_at = models.DateTimeField(_("created"), auto_now_add=True)
+    updated_at = models.DateTimeField(_("updated"), auto_now=True)
+    paid_at = models.DateTimeField(_("paid"), null=True, blank=True)
+
+    class Meta:
+        verbose_name = _("order")
+        verbose_name_plural = _("orders")
+        ordering = ["-id"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["owner", "merchant_order_no"],
+                name="order_unique_owner_merchant_order_no",
+            ),
+            models.CheckConstraint(
+                condition=Q(amount__gt=0), name="order_amount_positive"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return self.merchant_order_no
+
+    @property
+    def status_name(self) -> str:
+        """The status as the API spells it: `pending_payment`, `paid`, ..."""
+        return self.Status(self.status).name.lower()
+
+    # Transitions only declare the legal edges; services save them. No I/O here.
+    @transition(field=status, source=Status.PENDING_PAYMENT, target=Status.PAID)
+    def pay(self) -> None:
+        pass
+
+    @transition(field=status, source=Status.PAID, target=Status.SHIPPED)
+    def ship(self) -> None:
+        pass
+
+    @transition(field=status, source=Status.SHIPPED, target=Status.COMPLETED)
+    def complete(self) -> None:
+        pass
+
+    @transition(field=status, source=Status.PENDING_PAYMENT, target=Status.CANCELLED)
+    def cancel(self) -> None:
+        pass
+
+    @transition(
+        field=status,
+        source=[Status.PAID, Status.SHIPPED, Status.COMPLETED],
+        target=Status.REFUNDED,
+    )
+    def refund(self) -> None:
+        pass

@@ -1,0 +1,15 @@
+from django.contrib.auth.models import AbstractBaseUser
+from django.db.models import QuerySet
+from django.shortcuts import get_object_or_404
+
+from .models import Order
+
+
+def order_list(*, owner: AbstractBaseUser) -> QuerySet[Order]:
+    """The owner's orders, newest first."""
+    return Order.objects.filter(owner=owner).order_by("-id")
+
+
+def order_get(*, owner: AbstractBaseUser, merchant_order_no: str) -> Order:
+    """The owner's order with that number; 404 for anyone else's or an unknown one."""
+    return get_object_or_404(Order, owner=owner, merchant_order_no=merchant_order_no)

@@ -1,0 +1,142 @@
+"""Every change to orders and pre-orders.
+
+These services open plain `transaction.atomic()` blocks, never durable ones: the
+idempotency engine runs them inside the transaction that also stores the response, so
+the order and "this key is done" commit together.
+"""
+
+from datetime import timedelta
+
+from django.conf import settings
+from django.contrib.auth.models import AbstractBaseUser
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+from django_fsm import ConcurrentTransition, can_proceed
+
+from idempotency.snowflake import next_snowflake
+from ledger.exceptions import DomainError
+
+from .exceptions import (
+    DuplicateOrder,
+    MerchantOrderNoUnknown,
+    OrderNotCancellable,
+    OrderTransitionNotAllowed,
+)
+from .models import Order, PreOrder
+
+
+def preorder_create(*, owner: AbstractBaseUser) -> PreOrder:
+    """Issue a fresh merchant order number to `owner`, usable until it expires.
+
+    The number is a Snowflake id: unique without asking the database, roughly ordered
+    by time. The row records who may use it and until when.
+    """
+    return PreOrder.objects.create(
+        merchant_order_no=str(next_snowflake()),
+        owner=owner,
+        expires_at=timezone.now() + timedelta(seconds=settings.PREORDER_TTL_SECONDS),
+    )
+
+
+def order_create(
+    *,
+    owner: AbstractBaseUser,
+    merchant_order_no: str,
+    amount: int,
+    currency: str,
+    description: str = "",
+) -> Order:
+    """Create the order for a number a pre-order issued to `owner`, at most once.
+
+    A number this caller was never issued, or one that expired unused, is refused. A
+    second order for the same number is refused with `DuplicateOrder`, which names the
+    existing order: the early read answers the common case (a retry, a double click),
+    and the unique constraint on (owner, merchant_order_no) settles the race in which
+    two requests both pass the read.
+    """
+    if isinstance(amount, bool) or not isinstance(amount, int) or amount <= 0:
+        raise ValueError("an order amount is a positive integer of minor units")
+    preorder = PreOrder.objects.filter(
+        merchant_order_no=merchant_order_no, owner=owner
+    ).first()
+    if preorder is None:
+        raise MerchantOrderNoUnknown()
+    if Order.objects.filter(owner=owner, merchant_order_no=merchant_order_no).exists():
+        raise DuplicateOrder(merchant_order_no=merchant_order_no)
+    if preorder.is_expired:
+        raise MerchantOrderNoUnknown(
+            f"Merchant order number {merchant_order_no} expired unused at "
+            f"{preorder.expires_at.isoformat()}; ask for a new one."
+        )
+    try:
+        with transaction.atomic():
+            return Order.objects.create(
+                owner=owner,
+                merchant_order_no=merchant_order_no,
+                amount=amount,
+                currency=currency,
+                description=description,
+            )
+    except IntegrityError:
+        # The constraint is the last guard: a concurrent request created it first.
+        if Order.objects.filter(
+            owner=owner, merchant_order_no=merchant_order_no
+        ).exists():
+            raise DuplicateOrder(merchant_order_no=merchant_order_no) from None
+        raise
+
+
+def _order_transition(
+    order_id: int, name: str, refusal: type[DomainError] = OrderTransitionNotAllowed
+) -> Order:
+    """Lock the order, take the declared edge `name`, save.
+
+    The row lock serialises transitions of one order; the save is also conditional on
+    the status we read (ConcurrentTransitionMixin), the guard for any caller that did
+    not lock.
+    """
+    with transaction.atomic():
+        order = Order.objects.select_for_update().get(pk=order_id)
+        move = getattr(order, name)
+        if not can_proceed(move):
+            raise refusal(
+                f"Order {order.merchant_order_no} is {order.status_name}; "
+                f"it cannot {name}."
+            )
+        move()
+        try:
+            order.save(update_fields=["status", "updated_at"])
+        except ConcurrentTransition:
+            raise refusal(
+                f"Order {order.merchant_order_no} changed while we moved it; "
+                "read it again."
+            ) from None
+    return order
+
+
+def order_cancel(*, order_id: int) -> Order:
+    """Cancel an order that is still pending payment; anything else is refused."""
+    return _order_transition(order_id, "cancel", OrderNotCancellable)
+
+
+def order_ship(*, order_id: int) -> Order:
+    """Mark a paid order shipped."""
+    return _order_transition(order_id, "ship")
+
+
+def order_complete(*, order_id: int) -> Order:
+    """Mark a shipped order completed."""
+    return _order_transition(order_id, "complete")
+
+
+def order_mark_paid(*, order_id: int) -> bool:
+    """Move the order to `paid` unless it is already there or beyond; True if it moved.
+
+    One conditional `UPDATE ... WHERE status < paid`: a late or repeated payment
+    confirmation can never move a shipped, cancelled or refunded order backwards.
+    """
+    return bool(
+        Order.objects.filter(pk=order_id, status__lt=Order.Status.PAID).update(
+            status=Order.Status.PAID, paid_at=timezone.now(), updated_at=timezone.now()
+        )
+    )

@@ -1,0 +1,13 @@
+"""The payments API, mounted under /api/v1/ by `ledger.urls`."""
+
+from django.urls import path
+
+from . import apis
+
+urlpatterns = [
+    path(
+        "orders/<str:merchant_order_no>/pay",
+        apis.OrderPayApi.as_view(),
+        name="api-order-pay",
+    ),
+]

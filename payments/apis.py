@@ -1,0 +1,39 @@
+from rest_framework import serializers, status
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from idempotency.decorators import idempotent
+from orders.fields import StrictInputSerializer
+from orders.selectors import order_get
+
+from .models import Payment
+from .services import payment_create
+
+
+class PaymentOutputSerializer(serializers.Serializer):
+    id = serializers.IntegerField()
+    order = serializers.CharField(source="order.merchant_order_no")
+    amount = serializers.IntegerField()
+    currency = serializers.CharField()
+    method = serializers.CharField()
+    status = serializers.CharField()
+    created_at = serializers.DateTimeField()
+    succeeded_at = serializers.DateTimeField()
+
+
+class OrderPayApi(APIView):
+    class InputSerializer(StrictInputSerializer):
+        method = serializers.ChoiceField(choices=Payment.Method.choices)
+
+    @idempotent("orders.pay")
+    def post(self, request: Request, merchant_order_no: str) -> Response:
+        serializer = self.InputSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        order = order_get(owner=request.user, merchant_order_no=merchant_order_no)
+        payment = payment_create(
+            order_id=order.pk, method=serializer.validated_data["method"]
+        )
+        return Response(
+            PaymentOutputSerializer(payment).data, status=status.HTTP_201_CREATED
+        )

@@ -1,0 +1,247 @@
+import pytest
+
+from orders.models import Order, PreOrder
+from tests.conftest import run_in_threads
+from tests.orders.helpers import assert_problem, customer, new_key, place_order
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def alice():
+    return customer("alice", balance=100_000)
+
+
+def preorder(client) -> str:
+    response = client.post("/api/v1/preorders", format="json")
+    assert response.status_code == 201, response.content
+    return response.json()["merchant_order_no"]
+
+
+def create(client, body: dict, key: str | None = None):
+    headers = {"Idempotency-Key": key or new_key()}
+    return client.post("/api/v1/orders", body, format="json", headers=headers)
+
+
+def test_preorder_issues_a_number_to_the_caller(alice):
+    user, client, _ = alice
+    response = client.post("/api/v1/preorders", format="json")
+    assert response.status_code == 201
+    body = response.json()
+    assert set(body) == {"merchant_order_no", "expires_at"}
+    assert body["merchant_order_no"].isdigit()
+    assert body["expires_at"].endswith("Z")
+    assert (
+        PreOrder.objects.get(merchant_order_no=body["merchant_order_no"]).owner == user
+    )
+
+
+def test_preorder_needs_a_token():
+    from rest_framework.test import APIClient
+
+    assert_problem(APIClient().post("/api/v1/preorders"), 401, "not_authenticated")
+
+
+def test_create_order(alice):
+    _, client, _ = alice
+    no = preorder(client)
+    response = create(
+        client,
+        {
+            "merchant_order_no": no,
+            "amount": 1999,
+            "currency": "CNY",
+            "description": "Tea",
+        },
+    )
+    assert response.status_code == 201, response.content
+    body = response.json()
+    assert body["merchant_order_no"] == no
+    assert body["amount"] == 1999 and body["currency"] == "CNY"
+    assert body["status"] == "pending_payment" and body["description"] == "Tea"
+    assert response["Location"].endswith(f"/api/v1/orders/{no}")
+    assert client.get(response["Location"]).json() == body
+
+
+def test_currency_defaults_to_cny(alice):
+    _, client, _ = alice
+    response = create(client, {"merchant_order_no": preorder(client), "amount": 5})
+    assert response.status_code == 201
+    assert response.json()["currency"] == "CNY"
+
+
+def test_retry_with_the_same_key_replays_without_a_second_order(alice):
+    _, client, _ = alice
+    body = {"merchant_order_no": preorder(client), "amount": 300}
+    key = new_key()
+    first = create(client, body, key)
+    again = create(client, {"amount": 300, **body}, key)  # key order does not matter
+    assert first.status_code == again.status_code == 201
+    assert again.content == first.content
+    assert again["Location"] == first["Location"]
+    assert again["Idempotent-Replayed"] == "true"
+    assert Order.objects.count() == 1
+
+
+def test_same_key_different_body_is_refused(alice):
+    _, client, _ = alice
+    no = preorder(client)
+    key = new_key()
+    assert (
+        create(client, {"merchant_order_no": no, "amount": 300}, key).status_code == 201
+    )
+    response = create(client, {"merchant_order_no": no, "amount": 301}, key)
+    assert_problem(response, 422, "idempotency_key_reused")
+    assert Order.objects.get().amount == 300
+
+
+def test_create_needs_an_idempotency_key(alice):
+    _, client, _ = alice
+    body = {"merchant_order_no": preorder(client), "amount": 300}
+    response = client.post("/api/v1/orders", body, format="json")
+    assert_problem(response, 400, "idempotency_key_missing")
+    assert not Order.objects.exists()
+
+
+def test_same_number_under_another_key_is_a_duplicate(alice):
+    _, client, _ = alice
+    no = preorder(client)
+    assert create(client, {"merchant_order_no": no, "amount": 300}).status_code == 201
+    body = assert_problem(
+        create(client, {"merchant_order_no": no, "amount": 300}), 409, "duplicate_order"
+    )
+    assert f"/api/v1/orders/{no}" in body["detail"]
+    assert Order.objects.count() == 1
+
+
+def test_number_not_issued_to_the_caller_is_unknown(alice):
+    _, client, _ = alice
+    _, bob_client, _ = customer("bob")
+    bobs = preorder(bob_client)
+    for no in (bobs, "1234567890"):
+        response = create(client, {"merchant_order_no": no, "amount": 300})
+        assert_problem(response, 422, "merchant_order_no_unknown")
+    assert not Order.objects.exists()
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({"amount": 100}, "merchant_order_no"),
+        ({"merchant_order_no": 123, "amount": 100}, "merchant_order_no"),
+        ({"merchant_order_no": "9" * 33, "amount": 100}, "merchant_order_no"),
+        ({"merchant_order_no": "1\x00", "amount": 100}, "merchant_order_no"),
+        ({"merchant_order_no": "N"}, "amount"),
+        ({"merchant_order_no": "N", "amount": "100"}, "amount"),
+        ({"merchant_order_no": "N", "amount": 100.0}, "amount"),
+        ({"merchant_order_no": "N", "amount": 1.5}, "amount"),
+        ({"merchant_order_no": "N", "amount": True}, "amount"),
+        ({"merchant_order_no": "N", "amount": None}, "amount"),
+        ({"merchant_order_no": "N", "amount": 0}, "amount"),
+        ({"merchant_order_no": "N", "amount": -5}, "amount"),
+        ({"merchant_order_no": "N", "amount": 10**20}, "amount"),
+        ({"merchant_order_no": "N", "amount": 1, "currency": "cny"}, "currency"),
+        ({"merchant_order_no": "N", "amount": 1, "currency": "CNYY"}, "currency"),
+        ({"merchant_order_no": "N", "amount": 1, "currency": 156}, "currency"),
+        ({"merchant_order_no": "N", "amount": 1, "currency": "CN\n"}, "currency"),
+        (
+            {"merchant_order_no": "N", "amount": 1, "description": "x" * 256},
+            "description",
+        ),
+        ({"merchant_order_no": "N", "amount": 1, "description": ["x"]}, "description"),
+        ({"merchant_order_no": "N", "amount": 1, "status": "paid"}, "status"),
+    ],
+)
+def test_bad_input_is_a_validation_problem(alice, body, field):
+    _, client, _ = alice
+    no = preorder(client)
+    if body.get("merchant_order_no") == "N":
+        body = {**body, "merchant_order_no": no}
+    response = create(client, body)
+    problem = assert_problem(response, 400, "validation_error")
+    assert field in problem["errors"], problem
+    assert not Order.objects.exists()
+
+
+@pytest.mark.parametrize(
+    "raw", [b"[1, 2]", b'"text"', b"null", b"{", b"\xff\xfe", b"1e999999"]
+)
+def test_malformed_bodies_are_client_errors(alice, raw):
+    _, client, _ = alice
+    response = client.generic(
+        "POST",
+        "/api/v1/orders",
+        raw,
+        content_type="application/json",
+        headers={"Idempotency-Key": new_key()},
+    )
+    assert 400 <= response.status_code < 500, response.content
+    assert response["Content-Type"] == "application/problem+json"
+    assert not Order.objects.exists()
+
+
+def test_orders_are_visible_to_their_owner_only(alice):
+    user, client, _ = alice
+    order = place_order(user)
+    assert client.get(f"/api/v1/orders/{order.merchant_order_no}").status_code == 200
+    _, bob_client, _ = customer("bob")
+    assert_problem(
+        bob_client.get(f"/api/v1/orders/{order.merchant_order_no}"), 404, "not_found"
+    )
+    assert_problem(client.get("/api/v1/orders/nope"), 404, "not_found")
+
+
+def test_cancel_an_order_and_replay_it(alice):
+    user, client, _ = alice
+    order = place_order(user)
+    url = f"/api/v1/orders/{order.merchant_order_no}/cancel"
+    key = new_key()
+    first = client.post(url, format="json", headers={"Idempotency-Key": key})
+    assert first.status_code == 200, first.content
+    assert first.json()["status"] == "cancelled"
+    again = client.post(url, format="json", headers={"Idempotency-Key": key})
+    assert again.content == first.content and again["Idempotent-Replayed"] == "true"
+    other = client.post(url, format="json", headers={"Idempotency-Key": new_key()})
+    assert_problem(other, 409, "order_not_cancellable")
+
+
+def test_cancel_needs_a_key_and_the_owner(alice):
+    user, client, _ = alice
+    order = place_order(user)
+    url = f"/api/v1/orders/{order.merchant_order_no}/cancel"
+    assert_problem(client.post(url), 400, "idempotency_key_missing")
+    _, bob_client, _ = customer("bob")
+    response = bob_client.post(url, headers={"Idempotency-Key": new_key()})
+    assert_problem(response, 404, "not_found")
+    order.refresh_from_db()
+    assert order.status == Order.Status.PENDING_PAYMENT
+
+
+@pytest.mark.django_db(transaction=True)
+def test_racing_creates_under_different_keys_make_one_order(on_postgres):
+    _, client, _ = customer("carol")
+    no = preorder(client)
+
+    def post(i: int):
+        return create(client, {"merchant_order_no": no, "amount": 700}).status_code
+
+    statuses = run_in_threads(6, post)
+    assert sorted(statuses) == [201] + [409] * 5, statuses
+    assert Order.objects.filter(merchant_order_no=no).count() == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_racing_retries_of_one_key_execute_once(on_postgres):
+    _, client, _ = customer("dave")
+    no = preorder(client)
+    key = new_key()
+
+    def post(i: int):
+        response = create(client, {"merchant_order_no": no, "amount": 700}, key)
+        return response.status_code, response.headers.get("Idempotent-Replayed")
+
+    results = run_in_threads(6, post)
+    executed = [r for r in results if r == (201, None)]
+    assert len(executed) == 1, results
+    assert all(r[0] in (201, 409) for r in results), results
+    assert Order.objects.filter(merchant_order_no=no).count() == 1

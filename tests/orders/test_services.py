@@ -1,0 +1,216 @@
+from datetime import timedelta
+
+import pytest
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+from django_fsm import ConcurrentTransition
+
+from idempotency.snowflake import snowflake_parts
+from orders.exceptions import (
+    DuplicateOrder,
+    MerchantOrderNoUnknown,
+    OrderNotCancellable,
+    OrderTransitionNotAllowed,
+)
+from orders.models import Order
+from orders.services import (
+    order_cancel,
+    order_complete,
+    order_create,
+    order_mark_paid,
+    order_ship,
+    preorder_create,
+)
+from tests.conftest import run_in_threads
+from tests.factories import UserFactory
+from tests.orders.helpers import PreOrderFactory, place_order
+
+pytestmark = pytest.mark.django_db
+
+
+def create(user, no: str, amount: int = 1000) -> Order:
+    return order_create(owner=user, merchant_order_no=no, amount=amount, currency="CNY")
+
+
+def test_preorder_issues_fresh_time_ordered_numbers(settings):
+    settings.PREORDER_TTL_SECONDS = 600
+    user = UserFactory()
+    first, second = preorder_create(owner=user), preorder_create(owner=user)
+    assert first.merchant_order_no != second.merchant_order_no
+    assert int(first.merchant_order_no) < int(second.merchant_order_no)
+    parts = snowflake_parts(int(first.merchant_order_no))
+    assert parts.worker_id == settings.SNOWFLAKE_WORKER_ID
+    lifetime = first.expires_at - first.created_at
+    assert timedelta(seconds=599) < lifetime <= timedelta(seconds=601)
+
+
+def test_order_create_happy_path():
+    user = UserFactory()
+    preorder = preorder_create(owner=user)
+    order = order_create(
+        owner=user,
+        merchant_order_no=preorder.merchant_order_no,
+        amount=2599,
+        currency="CNY",
+        description="Green tea",
+    )
+    assert order.status == Order.Status.PENDING_PAYMENT
+    assert order.status_name == "pending_payment"
+    assert (order.amount, order.currency, order.owner) == (2599, "CNY", user)
+
+
+def test_second_order_for_a_number_is_a_duplicate_naming_the_first():
+    user = UserFactory()
+    order = place_order(user)
+    with pytest.raises(DuplicateOrder) as caught:
+        create(user, order.merchant_order_no, amount=5)
+    assert f"/api/v1/orders/{order.merchant_order_no}" in caught.value.detail
+    assert Order.objects.count() == 1
+
+
+def test_number_never_issued_is_unknown():
+    with pytest.raises(MerchantOrderNoUnknown):
+        create(UserFactory(), "123456789")
+    assert not Order.objects.exists()
+
+
+def test_number_issued_to_someone_else_is_unknown():
+    preorder = preorder_create(owner=UserFactory())
+    with pytest.raises(MerchantOrderNoUnknown):
+        create(UserFactory(), preorder.merchant_order_no)
+    assert not Order.objects.exists()
+
+
+def test_expired_unused_number_is_unknown():
+    preorder = PreOrderFactory(expires_at=timezone.now() - timedelta(seconds=1))
+    with pytest.raises(MerchantOrderNoUnknown, match="expired"):
+        create(preorder.owner, preorder.merchant_order_no)
+    assert not Order.objects.exists()
+
+
+def test_expired_number_that_was_used_still_answers_duplicate():
+    user = UserFactory()
+    order = place_order(user)
+    order.owner.preorders.update(expires_at=timezone.now() - timedelta(days=1))
+    with pytest.raises(DuplicateOrder):
+        create(user, order.merchant_order_no)
+
+
+@pytest.mark.parametrize("amount", [0, -1, True, 1.5, "100"])
+def test_order_create_refuses_a_bad_amount(amount):
+    user = UserFactory()
+    preorder = preorder_create(owner=user)
+    with pytest.raises(ValueError, match="positive integer"):
+        create(user, preorder.merchant_order_no, amount=amount)
+
+
+def test_database_refuses_what_the_service_would_refuse():
+    user = UserFactory()
+    order = place_order(user)
+    with pytest.raises(IntegrityError), transaction.atomic():
+        Order.objects.create(
+            owner=user,
+            merchant_order_no=order.merchant_order_no,
+            amount=1,
+            currency="X",
+        )
+    with pytest.raises(IntegrityError), transaction.atomic():
+        Order.objects.create(owner=user, merchant_order_no="x", amount=0, currency="X")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_racing_creates_for_one_number_make_one_order(on_postgres):
+    user = UserFactory()
+    no = preorder_create(owner=user).merchant_order_no
+    results = run_in_threads(8, lambda i: create(user, no, amount=100 + i))
+    created = [r for r in results if isinstance(r, Order)]
+    duplicates = [r for r in results if isinstance(r, DuplicateOrder)]
+    assert len(created) == 1, results
+    assert len(duplicates) == 7, results
+    assert Order.objects.filter(merchant_order_no=no).count() == 1
+
+
+def test_status_is_protected_from_direct_assignment():
+    order = place_order(UserFactory())
+    with pytest.raises(AttributeError):
+        order.status = Order.Status.PAID
+
+
+def test_cancel_a_pending_order():
+    order = place_order(UserFactory())
+    cancelled = order_cancel(order_id=order.pk)
+    assert cancelled.status == Order.Status.CANCELLED
+    order.refresh_from_db()
+    assert order.status == Order.Status.CANCELLED
+
+
+def test_cancel_twice_is_refused_the_second_time():
+    order = place_order(UserFactory())
+    order_cancel(order_id=order.pk)
+    with pytest.raises(OrderNotCancellable, match="cancelled"):
+        order_cancel(order_id=order.pk)
+
+
+def test_a_paid_order_cannot_be_cancelled():
+    order = place_order(UserFactory())
+    assert order_mark_paid(order_id=order.pk)
+    with pytest.raises(OrderNotCancellable, match="paid"):
+        order_cancel(order_id=order.pk)
+    order.refresh_from_db()
+    assert order.status == Order.Status.PAID
+
+
+def test_mark_paid_never_moves_an_order_backwards():
+    order = place_order(UserFactory())
+    assert order_mark_paid(order_id=order.pk)
+    assert not order_mark_paid(order_id=order.pk)  # a repeated confirmation
+    order_ship(order_id=order.pk)
+    assert not order_mark_paid(order_id=order.pk)  # a late one
+    order.refresh_from_db()
+    assert order.status == Order.Status.SHIPPED
+    cancelled = place_order(UserFactory())
+    order_cancel(order_id=cancelled.pk)
+    assert not order_mark_paid(order_id=cancelled.pk)
+    cancelled.refresh_from_db()
+    assert cancelled.status == Order.Status.CANCELLED
+
+
+def test_forward_transitions_follow_the_declared_edges():
+    order = place_order(UserFactory())
+    with pytest.raises(OrderTransitionNotAllowed):
+        order_ship(order_id=order.pk)  # not paid yet
+    order_mark_paid(order_id=order.pk)
+    assert order_ship(order_id=order.pk).status == Order.Status.SHIPPED
+    assert order_complete(order_id=order.pk).status == Order.Status.COMPLETED
+    with pytest.raises(OrderTransitionNotAllowed):
+        order_complete(order_id=order.pk)
+
+
+def test_a_stale_instance_cannot_save_over_a_newer_state():
+    order = place_order(UserFactory())
+    stale = Order.objects.get(pk=order.pk)
+    order_mark_paid(order_id=order.pk)
+    stale.cancel()  # legal from what the stale copy believes
+    with pytest.raises(ConcurrentTransition), transaction.atomic():
+        stale.save()
+    order.refresh_from_db()
+    assert order.status == Order.Status.PAID
+
+
+@pytest.mark.django_db(transaction=True)
+def test_racing_cancel_and_paid_confirmation_agree_on_one_outcome(on_postgres):
+    for _ in range(5):
+        order = place_order(UserFactory())
+
+        def work(i: int, order_id: int = order.pk):
+            if i == 0:
+                return order_cancel(order_id=order_id).status
+            return order_mark_paid(order_id=order_id)
+
+        cancel_result, paid = run_in_threads(2, work)
+        order.refresh_from_db()
+        if order.status == Order.Status.CANCELLED:
+            assert cancel_result == Order.Status.CANCELLED and paid is False
+        else:
+            assert order.status == Order.Status.PAID and paid is True
+            assert isinstance(cancel_result, OrderNotCancellable)
