@@ -19,7 +19,6 @@ that did commit stay, and the retry resumes after them.)
 """
 
 import hashlib
-import math
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -156,12 +155,6 @@ def _refuse_reuse(record: IdempotencyRecord, call: Call) -> IdempotencyKeyReused
     )
 
 
-def _seconds_left(until: datetime | None) -> int:
-    if until is None:
-        return 1
-    return max(1, math.ceil((until - timezone.now()).total_seconds()))
-
-
 def _advisory_lock(call: Call) -> bool:
     """Without Redis, a PostgreSQL advisory lock (held until the transaction ends,
     released by the server even if this process dies) stands in for the Redis lock.
@@ -236,7 +229,7 @@ def _answer_existing(record: IdempotencyRecord, call: Call) -> HttpResponse:
     if record.finished:
         return replay(_record_stored(record))
     metrics.count("in_flight")
-    raise IdempotencyKeyInFlight(_seconds_left(record.locked_until))
+    raise IdempotencyKeyInFlight()
 
 
 class _Discard(Exception):
@@ -260,9 +253,9 @@ def execute(call: Call, run: Run, *, phased: bool = False) -> HttpResponse:
         fast = fastpath.FastPath(available=False)
     if fast.cached is not None and fast.cached.fingerprint == call.fingerprint:
         return replay(fast.cached)  # check 1: answered without the database
-    if fast.busy_ms:
+    if fast.busy:
         metrics.count("in_flight")
-        raise IdempotencyKeyInFlight(math.ceil(fast.busy_ms / 1000))
+        raise IdempotencyKeyInFlight()
 
     stored: fastpath.StoredResponse | None = None
     try:
@@ -282,7 +275,7 @@ def _execute_atomic(
         with transaction.atomic():
             if not fast.locked and not _advisory_lock(call):
                 metrics.count("in_flight")
-                raise IdempotencyKeyInFlight(1)
+                raise IdempotencyKeyInFlight()
             metrics.lock_wait.observe(time.perf_counter() - started)
             record = _existing(call)
             if record is not None:
@@ -364,7 +357,7 @@ def _claim(call: Call, started: float) -> Phases | HttpResponse:
         ).update(locked_until=locked_until)
         if not taken:
             metrics.count("in_flight")
-            raise IdempotencyKeyInFlight(1)
+            raise IdempotencyKeyInFlight()
     metrics.count("taken_over")
     metrics.lock_wait.observe(time.perf_counter() - started)
     return Phases(
@@ -387,7 +380,7 @@ def _execute_phased(
         response = run(phases)
     except LeaseLost:
         metrics.count("in_flight")
-        raise IdempotencyKeyInFlight(1) from None
+        raise IdempotencyKeyInFlight() from None
     except BaseException:
         _release_lease(phases)
         raise
@@ -408,7 +401,7 @@ def _execute_phased(
     )
     if not finished:
         metrics.count("in_flight")
-        raise IdempotencyKeyInFlight(1)
+        raise IdempotencyKeyInFlight()
     metrics.count("executed")
     return response, stored
 

@@ -32,10 +32,10 @@ class IdempotencyKeyInFlight(DomainError):
         "The first request with this key has not finished yet. Retry after the "
         "Retry-After delay with the same key to get its result."
     )
-
-    def __init__(self, retry_after: int) -> None:
-        super().__init__()
-        self.headers = {"Retry-After": str(max(1, retry_after))}
+    # A live request usually finishes within milliseconds, so we ask for a quick
+    # poll; the lease (how long a dead holder blocks the key) is a recovery bound,
+    # not a useful hint.
+    headers = {"Retry-After": "1"}
 
 
 class IdempotencyUnavailable(DomainError):

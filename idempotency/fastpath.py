@@ -21,12 +21,12 @@ import redis as redis_lib
 from .redis import get_redis
 
 # KEYS: lock, response. ARGV: token, lease ms.
-# Returns {1, cached} | {2} (lock taken) | {3, ms left on the holder's lock}.
+# Returns {1, cached} | {2} (we took the lock) | {3} (another request holds it).
 _BEGIN = """
 local cached = redis.call('GET', KEYS[2])
 if cached then return {1, cached} end
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return {2} end
-return {3, redis.call('PTTL', KEYS[1])}
+return {3}
 """
 
 # KEYS: lock, response. ARGV: token, response or '', cache ms.
@@ -68,7 +68,7 @@ class FastPath:
     available: bool
     locked: bool = False  # we hold the Redis lock
     cached: StoredResponse | None = None
-    busy_ms: int = 0  # another request holds the lock for this long
+    busy: bool = False  # another request holds the lock
     token: str = ""
     lock_key: str = ""
     response_key: str = ""
@@ -100,7 +100,7 @@ def begin(scope: str, key: str, lease_ms: int) -> FastPath:
     elif reply[0] == 2:
         fast.locked = True
     else:
-        fast.busy_ms = max(int(reply[1]), 0)
+        fast.busy = True
     return fast
 
 

@@ -1,0 +1,93 @@
+"""The idempotent client against a real server: retries converge on one effect."""
+
+import httpx
+import pytest
+
+from idempotency.client import IdempotentClient, IntentStore, KeyReused, OutcomeUnknown
+from tests.servers import gunicorn
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+
+
+@pytest.fixture(scope="module")
+def module_tmp(tmp_path_factory):
+    return tmp_path_factory.mktemp("client")
+
+
+@pytest.fixture
+def server(tmp_path):
+    with gunicorn(tmp_path, "tests.idempotency.server_settings", workers=2) as (url, _):
+        yield url
+
+
+def client_for(server, alice, tmp_path, **options) -> IdempotentClient:
+    options.setdefault("deadline", 20)
+    return IdempotentClient(
+        server, alice.token, store=tmp_path / "intents.sqlite3", **options
+    )
+
+
+def test_a_crash_is_retried_to_one_effect(server, alice, tmp_path):
+    client = client_for(server, alice, tmp_path)
+    body = {"amount": 5, "fail": "crash_once"}
+    response = client.post("/test/deposits", body, intent="deposit 1")
+    assert response.status_code == 201
+    assert client.attempts >= 2  # a 500 (once per server worker), then success
+    assert alice.deposits() == 1
+
+
+def test_a_timeout_is_retried_and_answered_with_the_original(server, alice, tmp_path):
+    client = client_for(server, alice, tmp_path, timeout=0.5)
+    body = {"amount": 5, "sleep": 1.5}
+    response = client.post("/test/deposits", body, intent="slow deposit")
+    assert response.status_code == 201
+    assert response.headers["Idempotent-Replayed"] == "true"  # the first one's answer
+    assert client.attempts >= 2
+    assert alice.deposits() == 1
+
+
+def test_a_restarted_agent_reuses_its_key(server, alice, tmp_path):
+    first = client_for(server, alice, tmp_path).post(
+        "/test/deposits", {"amount": 5}, intent="deposit 2"
+    )
+    # A new process (new client, same store file) carries on with the same intent.
+    again = client_for(server, alice, tmp_path).post(
+        "/test/deposits", {"amount": 5}, intent="deposit 2"
+    )
+    assert again.content == first.content
+    assert again.headers["Idempotent-Replayed"] == "true"
+    assert alice.deposits() == 1
+    assert IntentStore(tmp_path / "intents.sqlite3").final_status("deposit 2") == 201
+
+
+def test_a_changed_request_under_an_old_intent_is_a_bug(server, alice, tmp_path):
+    client = client_for(server, alice, tmp_path)
+    client.post("/test/deposits", {"amount": 5}, intent="deposit 3")
+    with pytest.raises(KeyReused):
+        client.post("/test/deposits", {"amount": 6}, intent="deposit 3")
+    assert alice.deposits() == 1
+
+
+def test_a_business_refusal_is_final(server, alice, tmp_path):
+    client = client_for(server, alice, tmp_path)
+    response = client.post("/test/deposits", {"amount": 0}, intent="bad deposit")
+    assert response.status_code == 400
+    assert client.attempts == 1
+
+
+def test_an_unreachable_server_ends_in_outcome_unknown(alice, tmp_path):
+    client = IdempotentClient(
+        "http://127.0.0.1:9", alice.token, store=tmp_path / "i.db", deadline=0.5
+    )
+    with pytest.raises(OutcomeUnknown) as unknown:
+        client.post("/test/deposits", {"amount": 5}, intent="nowhere")
+    assert unknown.value.status == {"status": "unreachable"}
+    assert client.attempts >= 2
+
+
+def test_status_resolves_an_unknown_outcome(server, alice, tmp_path):
+    client = client_for(server, alice, tmp_path)
+    assert client.status("never sent") is None
+    client.post("/test/deposits", {"amount": 5}, intent="deposit 4")
+    assert client.status("deposit 4")["status"] == "succeeded"
+    assert isinstance(client.http, httpx.Client)
