@@ -5,7 +5,7 @@ BIN := $(CURDIR)/$(VENV)/bin
 PORT ?= 8000
 export PATH := $(BIN):$(PATH)
 
-.PHONY: install install-dev run worker beat test lint migrate
+.PHONY: install install-dev run worker beat test lint migrate bench
 
 $(VENV)/.installed-run: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -40,3 +40,7 @@ lint: install-dev
 test: install-dev lint
 	$(BIN)/pytest
 	LEDGER_TEST_DB=sqlite $(BIN)/pytest tests/ledger
+
+# Prints figures; needs PostgreSQL and Redis on 127.0.0.1 (not part of `make test`).
+bench: install-dev
+	$(BIN)/python bench/idempotency_overhead.py
