@@ -2,7 +2,7 @@ from django.contrib.auth.models import AbstractBaseUser
 from django.db.models import QuerySet
 from django.shortcuts import get_object_or_404
 
-from .models import Order
+from .models import Order, PreOrder
 
 
 def order_list(*, owner: AbstractBaseUser) -> QuerySet[Order]:
@@ -13,3 +13,21 @@ def order_list(*, owner: AbstractBaseUser) -> QuerySet[Order]:
 def order_get(*, owner: AbstractBaseUser, merchant_order_no: str) -> Order:
     """The owner's order with that number; 404 for anyone else's or an unknown one."""
     return get_object_or_404(Order, owner=owner, merchant_order_no=merchant_order_no)
+
+
+def order_find(*, owner: AbstractBaseUser, merchant_order_no: str) -> Order | None:
+    """The owner's order with that number, or None."""
+    return Order.objects.filter(
+        owner=owner, merchant_order_no=merchant_order_no
+    ).first()
+
+
+def preorder_find(
+    *, owner: AbstractBaseUser, merchant_order_no: str
+) -> PreOrder | None:
+    """The pre-order that issued that number to the owner, or None."""
+    if not merchant_order_no:
+        return None
+    return PreOrder.objects.filter(
+        owner=owner, merchant_order_no=merchant_order_no
+    ).first()

@@ -1,0 +1,178 @@
+"""The web UI: server-rendered pages, every POST answered with 303 (PRG)."""
+
+from urllib.parse import urlencode
+
+from django.conf import settings
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.shortcuts import render
+from django.urls import reverse
+from django.utils.translation import gettext as _
+from django.views.decorators.http import require_GET, require_POST
+
+from ledger.exceptions import InsufficientFunds
+from ledger.selectors import account_postings
+from ledger.services import wallet_get_or_create
+from payments.exceptions import OrderAlreadyPaid, OrderNotPayable
+from payments.models import Payment
+from payments.selectors import payment_list
+from payments.services import payment_create
+
+from .exceptions import DuplicateOrder, MerchantOrderNoUnknown, OrderNotCancellable
+from .forms import OrderForm, major_units
+from .selectors import order_find, order_get, order_list, preorder_find
+from .services import order_cancel, order_create, preorder_create
+
+
+class HttpResponseSeeOther(HttpResponseRedirect):
+    """Post-Redirect-Get: after a POST, tell the browser to GET the result."""
+
+    status_code = 303
+
+
+def _to_order(merchant_order_no: str) -> HttpResponseSeeOther:
+    return HttpResponseSeeOther(reverse("order-detail", args=[merchant_order_no]))
+
+
+@require_GET
+def home(request: HttpRequest) -> HttpResponse:
+    return HttpResponseRedirect(reverse("order-list"))
+
+
+@login_required
+@require_GET
+def orders_page(request: HttpRequest) -> HttpResponse:
+    orders = order_list(owner=request.user)[:50]
+    return render(request, "orders/order_list.html", {"orders": orders})
+
+
+@login_required
+def order_new(request: HttpRequest) -> HttpResponse:
+    """Show the order form with a one-time token; create the order on POST.
+
+    The token is a pre-order's merchant order number, issued when the form is first
+    shown, so a second submission of the same form (double click, refresh, back and
+    resubmit) names the same order and lands on it instead of creating another.
+    """
+    currency = settings.LEDGER_DEFAULT_CURRENCY
+    context: dict = {"currency": currency}
+    if request.method == "POST":
+        form = OrderForm(request.POST)
+        if form.is_valid():
+            token = form.cleaned_data["token"]
+            try:
+                order = order_create(
+                    owner=request.user,
+                    merchant_order_no=token,
+                    amount=form.amount_minor_units(),
+                    currency=currency,
+                    description=form.cleaned_data["description"],
+                )
+            except DuplicateOrder:
+                messages.info(request, _("You already placed this order; here it is."))
+                return _to_order(token)
+            except MerchantOrderNoUnknown:
+                messages.warning(
+                    request,
+                    _("This form had expired. Please check it and submit it again."),
+                )
+                form = OrderForm(
+                    initial={
+                        **form.cleaned_data,
+                        "token": preorder_create(owner=request.user).merchant_order_no,
+                    }
+                )
+            else:
+                messages.success(request, _("Order placed."))
+                return _to_order(order.merchant_order_no)
+        elif "token" in form.errors:
+            # A mangled token cannot name any order: show the form with a fresh one.
+            data = request.POST.copy()
+            data["token"] = preorder_create(owner=request.user).merchant_order_no
+            form = OrderForm(data)
+            form.is_valid()
+    elif request.method == "GET":
+        token = request.GET.get("token", "")
+        preorder = preorder_find(owner=request.user, merchant_order_no=token)
+        placed = order_find(owner=request.user, merchant_order_no=token)
+        if preorder is None or (placed is None and preorder.is_expired):
+            # Issue the token, then show the form at a URL that names it: going back
+            # to this page, even when the browser fetches it again, shows the same
+            # token, and resubmitting it lands on the same order.
+            preorder = preorder_create(owner=request.user)
+            query = urlencode({"token": preorder.merchant_order_no})
+            return HttpResponseRedirect(f"{reverse('order-new')}?{query}")
+        initial = {"token": preorder.merchant_order_no}
+        if placed is not None:
+            initial.update(
+                amount=major_units(placed.amount),
+                description=placed.description,
+            )
+        form = OrderForm(initial=initial)
+        context["placed"] = placed
+    else:
+        return HttpResponse(status=405, headers={"Allow": "GET, POST"})
+    response = render(request, "orders/order_new.html", {**context, "form": form})
+    # Never `no-store`: a browser may then keep the page (and what was typed into it)
+    # for the back button.
+    response["Cache-Control"] = "private"
+    return response
+
+
+@login_required
+@require_GET
+def order_detail(request: HttpRequest, merchant_order_no: str) -> HttpResponse:
+    order = order_get(owner=request.user, merchant_order_no=merchant_order_no)
+    return render(
+        request,
+        "orders/order_detail.html",
+        {
+            "order": order,
+            "payments": payment_list(order=order),
+            "payable": order.status == order.Status.PENDING_PAYMENT,
+        },
+    )
+
+
+@login_required
+@require_POST
+def order_pay(request: HttpRequest, merchant_order_no: str) -> HttpResponse:
+    """Pay with the wallet balance. The order's state under a row lock, the ledger's
+    unique reference and the one-success-per-order index make a second click a no-op
+    that says so."""
+    order = order_get(owner=request.user, merchant_order_no=merchant_order_no)
+    try:
+        payment_create(order_id=order.pk, method=Payment.Method.BALANCE)
+    except OrderAlreadyPaid:
+        messages.info(request, _("You have already paid this order."))
+    except OrderNotPayable:
+        messages.error(request, _("This order was cancelled; it cannot be paid."))
+    except InsufficientFunds:
+        messages.error(request, _("Your balance is too low to pay this order."))
+    else:
+        messages.success(request, _("Paid. Thank you!"))
+    return _to_order(order.merchant_order_no)
+
+
+@login_required
+@require_POST
+def order_cancel_view(request: HttpRequest, merchant_order_no: str) -> HttpResponse:
+    order = order_get(owner=request.user, merchant_order_no=merchant_order_no)
+    try:
+        order_cancel(order_id=order.pk)
+    except OrderNotCancellable:
+        messages.error(request, _("Only an unpaid order can be cancelled."))
+    else:
+        messages.success(request, _("Order cancelled."))
+    return _to_order(order.merchant_order_no)
+
+
+@login_required
+@require_GET
+def account(request: HttpRequest) -> HttpResponse:
+    wallet = wallet_get_or_create(
+        user=request.user, currency=settings.LEDGER_DEFAULT_CURRENCY
+    )
+    postings = account_postings(account=wallet)[:20]
+    return render(request, "account.html", {"wallet": wallet, "postings": postings})

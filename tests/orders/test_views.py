@@ -1,0 +1,250 @@
+"""The web UI through Django's test client (the browser tests drive a real Chromium)."""
+
+import re
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from ledger.models import Posting
+from orders.models import Order, PreOrder
+from payments.models import Payment
+from tests.orders.helpers import balance, customer, place_order
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def shopper(client):
+    user, _, wallet = customer("alice", balance=10_000)
+    client.force_login(user)
+    return user, wallet
+
+
+def form_token(response) -> str:
+    match = re.search(rb'name="token" value="(\d+)"', response.content)
+    assert match, response.content[:2000]
+    return match.group(1).decode()
+
+
+def messages_of(response) -> list[str]:
+    return [str(m) for m in response.context["messages"]]
+
+
+def test_pages_need_a_login(client):
+    for url in ("/orders/new", "/orders", "/account", "/orders/1"):
+        response = client.get(url)
+        assert response.status_code == 302
+        assert response["Location"].startswith("/login?next=")
+    assert client.get("/login").status_code == 200
+
+
+def test_login_and_logout(client):
+    customer("bob")
+    from django.contrib.auth import get_user_model
+
+    user = get_user_model().objects.get(username="bob")
+    user.set_password("s3cret-pass-1")
+    user.save()
+    response = client.post(
+        "/login", {"username": "bob", "password": "s3cret-pass-1"}, follow=True
+    )
+    assert response.redirect_chain[0] == ("/orders/new", 302)
+    assert client.post("/logout").status_code == 302
+    assert client.get("/orders").status_code == 302
+
+
+def new_form(client):
+    """GET /orders/new: it issues a token and redirects to the form that names it."""
+    response = client.get("/orders/new")
+    assert response.status_code == 302
+    assert response["Location"].startswith("/orders/new?token=")
+    return client.get(response["Location"])
+
+
+def test_new_order_form_issues_a_one_time_token(client, shopper):
+    user, _ = shopper
+    response = new_form(client)
+    assert response.status_code == 200
+    token = form_token(response)
+    assert PreOrder.objects.get(merchant_order_no=token).owner == user
+    assert "no-store" not in response.get("Cache-Control", "")
+    assert form_token(new_form(client)) != token  # a fresh form, a fresh token
+    again = client.get(f"/orders/new?token={token}")  # back to that form
+    assert form_token(again) == token
+
+
+def test_form_of_a_placed_order_says_so_and_keeps_its_token(client, shopper):
+    token = form_token(new_form(client))
+    client.post("/orders/new", {"token": token, "amount": "7.50", "description": "Tea"})
+    again = client.get(f"/orders/new?token={token}")
+    assert form_token(again) == token
+    assert again.context["placed"] == Order.objects.get()
+    assert b'value="7.50"' in again.content
+
+
+def test_a_token_that_is_not_yours_or_expired_is_replaced_on_get(client, shopper):
+    user, _ = shopper
+    others = PreOrder.objects.create(
+        merchant_order_no="41",
+        owner=customer("mallory")[0],
+        expires_at=timezone.now() + timedelta(hours=1),
+    )
+    expired = PreOrder.objects.create(
+        merchant_order_no="44",
+        owner=user,
+        expires_at=timezone.now() - timedelta(seconds=1),
+    )
+    for token in (others.merchant_order_no, expired.merchant_order_no, "zzz"):
+        response = client.get(f"/orders/new?token={token}")
+        assert response.status_code == 302
+        fresh = response["Location"].split("token=")[1]
+        assert fresh != token
+        assert PreOrder.objects.get(merchant_order_no=fresh).owner == user
+
+
+def test_post_redirects_303_to_the_order(client, shopper):
+    token = form_token(new_form(client))
+    response = client.post(
+        "/orders/new", {"token": token, "amount": "12.34", "description": "Tea"}
+    )
+    assert response.status_code == 303
+    assert response["Location"] == f"/orders/{token}"
+    order = Order.objects.get()
+    assert (order.merchant_order_no, order.amount, order.description) == (
+        token,
+        1234,
+        "Tea",
+    )
+    page = client.get(response["Location"])
+    assert "Order placed." in messages_of(page)
+    assert b"12.34" in page.content
+
+
+def test_the_same_form_submitted_again_lands_on_the_same_order(client, shopper):
+    token = form_token(new_form(client))
+    form = {"token": token, "amount": "5", "description": "Tea"}
+    first = client.post("/orders/new", form)
+    again = client.post("/orders/new", {**form, "amount": "6"})
+    assert first.status_code == again.status_code == 303
+    assert first["Location"] == again["Location"]
+    assert Order.objects.count() == 1 and Order.objects.get().amount == 500
+    page = client.get(again["Location"])
+    assert "You already placed this order; here it is." in messages_of(page)
+
+
+@pytest.mark.parametrize("amount", ["", "0", "-1", "abc", "1.234", "NaN", "1e20"])
+def test_bad_amount_shows_the_form_again_with_the_same_token(client, shopper, amount):
+    token = form_token(new_form(client))
+    response = client.post("/orders/new", {"token": token, "amount": amount})
+    assert response.status_code == 200
+    assert form_token(response) == token
+    assert response.context["form"].errors["amount"]
+    assert not Order.objects.exists()
+
+
+def test_a_forged_or_expired_token_gets_a_fresh_form(client, shopper):
+    user, _ = shopper
+    other = customer("mallory")[0]
+    forged = PreOrder.objects.create(
+        merchant_order_no="42", owner=other, expires_at=timezone.now()
+    )
+    expired = PreOrder.objects.create(
+        merchant_order_no="43",
+        owner=user,
+        expires_at=timezone.now() - timedelta(seconds=1),
+    )
+    for token in (forged.merchant_order_no, expired.merchant_order_no, "x" * 40):
+        response = client.post("/orders/new", {"token": token, "amount": "5"})
+        assert response.status_code == 200
+        fresh = form_token(response)
+        assert fresh not in ("42", "43")
+        assert PreOrder.objects.get(merchant_order_no=fresh).owner == user
+    assert not Order.objects.exists()
+
+
+def test_pay_button_pays_once_and_says_so_the_second_time(client, shopper):
+    user, wallet = shopper
+    order = place_order(user, amount=2500)
+    url = f"/orders/{order.merchant_order_no}"
+    page = client.get(url)
+    assert b'id="pay"' in page.content
+    first = client.post(f"{url}/pay")
+    assert first.status_code == 303 and first["Location"] == url
+    page = client.get(url)
+    assert "Paid. Thank you!" in messages_of(page)
+    assert b'id="pay"' not in page.content
+    second = client.post(f"{url}/pay")
+    assert second.status_code == 303
+    assert "You have already paid this order." in messages_of(client.get(url))
+    assert balance(wallet) == 7500
+    assert Payment.objects.filter(order=order).count() == 1
+
+
+def test_pay_without_enough_money_says_so(client):
+    user, _, wallet = customer("poor", balance=100)
+    client.force_login(user)
+    order = place_order(user, amount=2500)
+    client.post(f"/orders/{order.merchant_order_no}/pay")
+    page = client.get(f"/orders/{order.merchant_order_no}")
+    assert "Your balance is too low to pay this order." in messages_of(page)
+    assert balance(wallet) == 100
+
+
+def test_cancel_from_the_order_page(client, shopper):
+    user, _ = shopper
+    order = place_order(user)
+    url = f"/orders/{order.merchant_order_no}"
+    assert client.post(f"{url}/cancel").status_code == 303
+    client.post(f"{url}/cancel")
+    assert "Only an unpaid order can be cancelled." in messages_of(client.get(url))
+    client.post(f"{url}/pay")
+    assert "This order was cancelled; it cannot be paid." in messages_of(
+        client.get(url)
+    )
+
+
+def test_someone_elses_order_is_not_found(client, shopper):
+    order = place_order(customer("bob")[0])
+    url = f"/orders/{order.merchant_order_no}"
+    assert client.get(url).status_code == 404
+    assert client.post(f"{url}/pay").status_code == 404
+    assert client.post(f"{url}/cancel").status_code == 404
+    order.refresh_from_db()
+    assert order.status == Order.Status.PENDING_PAYMENT
+
+
+def test_writes_are_post_only(client, shopper):
+    order = place_order(shopper[0])
+    assert client.get(f"/orders/{order.merchant_order_no}/pay").status_code == 405
+    assert client.put("/orders/new").status_code == 405
+
+
+def test_account_shows_balance_and_entries(client, shopper):
+    user, _ = shopper
+    order = place_order(user, amount=2500)
+    client.post(f"/orders/{order.merchant_order_no}/pay")
+    page = client.get("/account")
+    assert page.status_code == 200
+    assert "¥75.00" in page.content.decode()
+    postings = list(page.context["postings"])
+    assert [p.amount for p in postings] == [-2500, 10_000]
+    assert all(isinstance(p, Posting) for p in postings)
+
+
+def test_orders_list(client, shopper):
+    order = place_order(shopper[0], description="Oolong")
+    page = client.get("/orders")
+    assert order.merchant_order_no in page.content.decode()
+    assert "Oolong" in page.content.decode()
+    assert client.get("/").status_code == 302
+
+
+def test_simplified_chinese(client, shopper):
+    response = client.post("/i18n/setlang/", {"language": "zh-hans", "next": "/orders"})
+    assert response.status_code == 302
+    page = new_form(client).content.decode()
+    assert "新订单" in page and 'lang="zh-hans"' in page
+    order = place_order(shopper[0])
+    page = client.get(f"/orders/{order.merchant_order_no}").content.decode()
+    assert "待支付" in page
