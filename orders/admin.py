@@ -1,0 +1,106 @@
+from django.contrib import admin, messages
+from django.db.models import QuerySet
+from django.http import HttpRequest
+from django.utils.translation import gettext_lazy as _
+
+from ledger.exceptions import DomainError
+from payments.models import Payment
+
+from . import services
+from .models import Order, PreOrder
+
+
+class PaymentInline(admin.TabularInline):
+    model = Payment
+    fields = ("id", "method", "amount", "currency", "status", "created_at")
+    readonly_fields = fields
+    extra = 0
+    can_delete = False
+    show_change_link = True
+
+    def has_add_permission(self, request: HttpRequest, obj=None) -> bool:
+        return False
+
+
+@admin.register(Order)
+class OrderAdmin(admin.ModelAdmin):
+    """Orders change state only through their transitions (the actions below), each
+    one a service call with the same guards as the API."""
+
+    list_display = (
+        "merchant_order_no",
+        "owner",
+        "amount",
+        "currency",
+        "status",
+        "available_transitions",
+        "created_at",
+    )
+    list_filter = ("status", "currency", "created_at")
+    search_fields = ("merchant_order_no", "owner__username", "description")
+    list_select_related = ("owner",)
+    date_hierarchy = "created_at"
+    readonly_fields = (
+        "merchant_order_no",
+        "owner",
+        "amount",
+        "currency",
+        "description",
+        "status",
+        "available_transitions",
+        "created_at",
+        "updated_at",
+        "paid_at",
+    )
+    fields = readonly_fields
+    inlines = (PaymentInline,)
+    actions = ("cancel", "ship", "complete")
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj=None) -> bool:
+        return False
+
+    @admin.display(description=_("available transitions"))
+    def available_transitions(self, order: Order) -> str:
+        names = sorted(t.name for t in order.get_available_status_transitions())
+        return ", ".join(names) or "—"
+
+    def _transition(self, request: HttpRequest, queryset: QuerySet, service) -> None:
+        moved = 0
+        for order in queryset.order_by("pk"):
+            try:
+                service(order_id=order.pk)
+            except DomainError as exc:
+                self.message_user(request, exc.detail, messages.WARNING)
+            else:
+                moved += 1
+        if moved:
+            self.message_user(request, f"{moved} order(s) updated.", messages.SUCCESS)
+
+    @admin.action(description=_("Cancel (only unpaid orders)"))
+    def cancel(self, request: HttpRequest, queryset: QuerySet) -> None:
+        self._transition(request, queryset, services.order_cancel)
+
+    @admin.action(description=_("Mark shipped (paid orders)"))
+    def ship(self, request: HttpRequest, queryset: QuerySet) -> None:
+        self._transition(request, queryset, services.order_ship)
+
+    @admin.action(description=_("Mark completed (shipped orders)"))
+    def complete(self, request: HttpRequest, queryset: QuerySet) -> None:
+        self._transition(request, queryset, services.order_complete)
+
+
+@admin.register(PreOrder)
+class PreOrderAdmin(admin.ModelAdmin):
+    list_display = ("merchant_order_no", "owner", "created_at", "expires_at")
+    search_fields = ("merchant_order_no", "owner__username")
+    date_hierarchy = "created_at"
+    readonly_fields = ("merchant_order_no", "owner", "created_at", "expires_at")
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj=None) -> bool:
+        return False
