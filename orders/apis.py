@@ -1,6 +1,7 @@
 from django.conf import settings
 from django.core.validators import RegexValidator
 from django.urls import reverse
+from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import serializers, status
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -34,6 +35,15 @@ class OrderOutputSerializer(serializers.Serializer):
     paid_at = serializers.DateTimeField()
 
 
+IDEMPOTENCY_KEY = OpenApiParameter(
+    "Idempotency-Key",
+    str,
+    OpenApiParameter.HEADER,
+    required=True,
+    description="1 to 255 printable ASCII characters; one new key per intended write.",
+)
+
+
 def order_response(order: Order, *, status_code: int = status.HTTP_200_OK) -> Response:
     return Response(OrderOutputSerializer(order).data, status=status_code)
 
@@ -46,9 +56,13 @@ class PreOrderCreateApi(APIView):
     """
 
     class OutputSerializer(serializers.Serializer):
+        class Meta:
+            ref_name = "PreOrder"
+
         merchant_order_no = serializers.CharField()
         expires_at = serializers.DateTimeField()
 
+    @extend_schema(request=None, responses={201: OutputSerializer})
     def post(self, request: Request) -> Response:
         preorder = preorder_create(owner=request.user)
         return Response(
@@ -58,6 +72,9 @@ class PreOrderCreateApi(APIView):
 
 class OrderCreateApi(APIView):
     class InputSerializer(StrictInputSerializer):
+        class Meta:
+            ref_name = "OrderCreateInput"
+
         merchant_order_no = StrictCharField(max_length=MERCHANT_ORDER_NO_MAX_LENGTH)
         amount = StrictIntegerField(min_value=1, max_value=MAX_AMOUNT)
         currency = StrictCharField(required=False, validators=[currency_code])
@@ -65,6 +82,11 @@ class OrderCreateApi(APIView):
             required=False, allow_blank=True, max_length=255, default=""
         )
 
+    @extend_schema(
+        request=InputSerializer,
+        responses={201: OrderOutputSerializer},
+        parameters=[IDEMPOTENCY_KEY],
+    )
     @idempotent("orders.create")
     def post(self, request: Request) -> Response:
         serializer = self.InputSerializer(data=request.data)
@@ -85,12 +107,18 @@ class OrderCreateApi(APIView):
 
 
 class OrderDetailApi(APIView):
+    @extend_schema(responses={200: OrderOutputSerializer})
     def get(self, request: Request, merchant_order_no: str) -> Response:
         order = order_get(owner=request.user, merchant_order_no=merchant_order_no)
         return order_response(order)
 
 
 class OrderCancelApi(APIView):
+    @extend_schema(
+        request=None,
+        responses={200: OrderOutputSerializer},
+        parameters=[IDEMPOTENCY_KEY],
+    )
     @idempotent("orders.cancel")
     def post(self, request: Request, merchant_order_no: str) -> Response:
         order = order_get(owner=request.user, merchant_order_no=merchant_order_no)

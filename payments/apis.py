@@ -1,9 +1,11 @@
+from drf_spectacular.utils import extend_schema
 from rest_framework import serializers, status
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from idempotency.decorators import idempotent
+from orders.apis import IDEMPOTENCY_KEY
 from orders.fields import StrictInputSerializer
 from orders.selectors import order_get
 
@@ -24,8 +26,16 @@ class PaymentOutputSerializer(serializers.Serializer):
 
 class OrderPayApi(APIView):
     class InputSerializer(StrictInputSerializer):
+        class Meta:
+            ref_name = "OrderPayInput"
+
         method = serializers.ChoiceField(choices=Payment.Method.choices)
 
+    @extend_schema(
+        request=InputSerializer,
+        responses={201: PaymentOutputSerializer},
+        parameters=[IDEMPOTENCY_KEY],
+    )
     @idempotent("orders.pay")
     def post(self, request: Request, merchant_order_no: str) -> Response:
         serializer = self.InputSerializer(data=request.data)
