@@ -11,15 +11,24 @@ when 4096 ids are used up within one millisecond the generator waits for the nex
 When the clock goes backwards (an NTP step, a VM migration) it waits up to a small
 bound for the clock to catch up with the last millisecond it used, and otherwise
 refuses with `ClockMovedBackwards`: a refused request can be retried, a duplicate
-merchant order number cannot be taken back. Across processes, uniqueness needs each
-process to run with its own `SNOWFLAKE_WORKER_ID`.
+merchant order number cannot be taken back.
+
+Across processes, each needs a worker id no other live process holds. A setting alone
+cannot give that: gunicorn and Celery fork several processes from one configuration.
+So the worker id is split: 4 bits name the host (`SNOWFLAKE_NODE_ID`, 0..15, set per
+machine) and 6 bits a slot (0..63) that each process claims on first use by `flock`ing
+one of 64 slot files. The kernel releases the lock when the process exits, even on
+SIGKILL, so slots never leak; a forked child sees a new pid and claims its own.
 """
 
+import fcntl
+import os
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import cache
+from pathlib import Path
+from typing import IO
 
 # 2024-01-01T00:00:00Z: ids stay small and the 41 bits last until 2093.
 EPOCH_MS = 1_704_067_200_000
@@ -29,6 +38,8 @@ WORKER_BITS = 10
 SEQUENCE_BITS = 12
 MAX_TIMESTAMP = (1 << TIMESTAMP_BITS) - 1
 MAX_WORKER_ID = (1 << WORKER_BITS) - 1
+SLOT_BITS = 6
+MAX_NODE_ID = (1 << (WORKER_BITS - SLOT_BITS)) - 1
 MAX_SEQUENCE = (1 << SEQUENCE_BITS) - 1
 WORKER_SHIFT = SEQUENCE_BITS
 TIMESTAMP_SHIFT = SEQUENCE_BITS + WORKER_BITS
@@ -144,13 +155,59 @@ class SnowflakeGenerator:
             )
 
 
-@cache
-def _generator(worker_id: int) -> SnowflakeGenerator:
-    return SnowflakeGenerator(worker_id=worker_id)
+class NoFreeWorkerSlot(RuntimeError):
+    """Every one of this host's 64 worker slots is held by a live process."""
+
+
+def claim_worker_id(node_id: int, directory: Path) -> tuple[int, IO[str]]:
+    """Claim a worker id no other live process on this host holds.
+
+    Returns the id and the open slot file, which must stay open (and so locked) for
+    as long as the process issues ids.
+    """
+    if not 0 <= node_id <= MAX_NODE_ID:
+        raise ValueError(f"SNOWFLAKE_NODE_ID must be 0..{MAX_NODE_ID}, not {node_id}")
+    directory.mkdir(parents=True, exist_ok=True)
+    for slot in range(1 << SLOT_BITS):
+        handle = (directory / f"slot-{slot}.lock").open("a")
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.close()
+            continue
+        return (node_id << SLOT_BITS) | slot, handle
+    raise NoFreeWorkerSlot(
+        f"all {1 << SLOT_BITS} worker slots in {directory} are taken"
+    )
+
+
+class _ProcessGenerator:
+    """This process's generator, claimed lazily and again after a fork."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._pid = 0
+        self._generator: SnowflakeGenerator | None = None
+        self._slot_file: IO[str] | None = None
+
+    def get(self) -> SnowflakeGenerator:
+        pid = os.getpid()
+        if self._pid != pid or self._generator is None:
+            with self._lock:
+                if self._pid != pid or self._generator is None:
+                    from django.conf import settings
+
+                    worker_id, self._slot_file = claim_worker_id(
+                        settings.SNOWFLAKE_NODE_ID, settings.DATA_DIR / "snowflake"
+                    )
+                    self._generator = SnowflakeGenerator(worker_id=worker_id)
+                    self._pid = pid
+        return self._generator
+
+
+_process = _ProcessGenerator()
 
 
 def next_snowflake() -> int:
-    """The next id of this process's generator (worker id: `SNOWFLAKE_WORKER_ID`)."""
-    from django.conf import settings
-
-    return _generator(settings.SNOWFLAKE_WORKER_ID).next_id()
+    """The next id of this process's generator (see the module doc for worker ids)."""
+    return _process.get().next_id()

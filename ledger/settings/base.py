@@ -226,8 +226,8 @@ LOGGING = {
     "loggers": {"django.db.backends": {"level": "INFO"}},
 }
 
-# Orders: the Snowflake worker id of this process (0..1023; every process that issues
-# merchant order numbers at the same time needs its own) and how long a pre-order's
-# number stays usable.
-SNOWFLAKE_WORKER_ID = env_int("SNOWFLAKE_WORKER_ID", 1)
+# Orders: this host's Snowflake node id (0..15, distinct per machine; each process on
+# it claims one of 64 worker slots by itself) and how long a pre-order's number stays
+# usable.
+SNOWFLAKE_NODE_ID = env_int("SNOWFLAKE_NODE_ID", 0)
 PREORDER_TTL_SECONDS = env_int("PREORDER_TTL_SECONDS", 3600)

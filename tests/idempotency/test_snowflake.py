@@ -1,5 +1,6 @@
 """The Snowflake generator on a fake clock: no duplicate, whatever the clock does."""
 
+import os
 import threading
 
 import pytest
@@ -7,8 +8,11 @@ import pytest
 from idempotency.snowflake import (
     EPOCH_MS,
     MAX_SEQUENCE,
+    SLOT_BITS,
     ClockMovedBackwards,
+    NoFreeWorkerSlot,
     SnowflakeGenerator,
+    claim_worker_id,
     next_snowflake,
     snowflake_parts,
 )
@@ -154,8 +158,44 @@ def test_two_generators_with_different_workers_never_collide():
     assert not ids_a & ids_b
 
 
-def test_process_generator_uses_the_worker_id_setting(settings):
-    settings.SNOWFLAKE_WORKER_ID = 42
+def test_process_generator_carries_the_node_id(settings):
     first, second = next_snowflake(), next_snowflake()
-    assert snowflake_parts(first).worker_id == 42
+    assert snowflake_parts(first).worker_id >> SLOT_BITS == settings.SNOWFLAKE_NODE_ID
     assert second > first
+
+
+def test_live_processes_never_share_a_worker_id(tmp_path):
+    held = [claim_worker_id(3, tmp_path) for _ in range(64)]
+    ids = [worker_id for worker_id, _ in held]
+    assert len(set(ids)) == 64 and all(i >> SLOT_BITS == 3 for i in ids)
+    with pytest.raises(NoFreeWorkerSlot):
+        claim_worker_id(3, tmp_path)
+    held[5][1].close()  # a process exits: its slot is free again
+    assert claim_worker_id(3, tmp_path)[0] == ids[5]
+
+
+def test_forked_processes_issue_distinct_numbers():
+    """gunicorn forks workers from one configuration; each must claim its own slot."""
+    next_snowflake()  # the parent has claimed a slot before forking
+    read, write = os.pipe()
+    hold, release = os.pipe()  # children stay alive (holding slots) until released
+    children = []
+    for _ in range(4):
+        pid = os.fork()
+        if pid == 0:  # the child: report one id, wait, leave without any teardown
+            os.close(release)
+            os.write(write, f"{next_snowflake()}\n".encode())
+            os.read(hold, 1)
+            os._exit(0)
+        children.append(pid)
+    os.close(write)
+    os.close(hold)
+    with os.fdopen(read) as pipe:
+        lines = [pipe.readline() for _ in children]
+    os.close(release)
+    for pid in children:
+        os.waitpid(pid, 0)
+    ids = [int(line) for line in lines]
+    workers = {snowflake_parts(i).worker_id for i in ids}
+    assert len(ids) == 4 and len(workers) == 4
+    assert snowflake_parts(next_snowflake()).worker_id not in workers
