@@ -10,8 +10,10 @@ class PayApi(APIView):
     def post(self, request, merchant_order_no, idem: Phases): ...
 ```
 
-The setting `IDEMPOTENCY_ENDPOINTS` switches it per endpoint name: `"required"` (the
-default), `"optional"` (a request without a key runs without the layer) or `"off"`.
+Each endpoint is `"required"` (the default: no key, no service), `"optional"` (a
+request without a key runs without the layer; one with a key gets all of it) or
+`"off"`; `default=` sets it in code and the setting `IDEMPOTENCY_ENDPOINTS` (endpoint
+name → mode) overrides it per deployment.
 """
 
 from collections.abc import Callable
@@ -31,14 +33,10 @@ from .fingerprint import fingerprint, key_is_valid
 HEADER = "Idempotency-Key"
 
 
-def _mode(endpoint: str) -> str:
-    return getattr(settings, "IDEMPOTENCY_ENDPOINTS", {}).get(endpoint, "required")
-
-
-def describe(request: Request, endpoint: str) -> Call | None:
+def describe(request: Request, endpoint: str, default: str = "required") -> Call | None:
     """Read and validate the key; None when the endpoint may run without one."""
     key = request.headers.get(HEADER)
-    mode = _mode(endpoint)
+    mode = settings.IDEMPOTENCY_ENDPOINTS.get(endpoint, default)
     if mode == "off" or (key is None and mode == "optional"):
         return None
     if key is None:
@@ -59,13 +57,15 @@ def describe(request: Request, endpoint: str) -> Call | None:
     )
 
 
-def idempotent(endpoint: str, *, phased: bool = False) -> Callable:
+def idempotent(
+    endpoint: str, *, phased: bool = False, default: str = "required"
+) -> Callable:
     """Make a DRF view method take effect at most once per user and key."""
 
     def decorate(method: Callable[..., Any]) -> Callable[..., Any]:
         @wraps(method)
         def wrapper(view: APIView, request: Request, *args: Any, **kwargs: Any) -> Any:
-            call = describe(request, endpoint)
+            call = describe(request, endpoint, default)
 
             def run(phases: Phases | None) -> HttpResponse:
                 extra = {"idem": phases} if phased else {}

@@ -51,8 +51,9 @@ def order_response(order: Order, *, status_code: int = status.HTTP_200_OK) -> Re
 class PreOrderCreateApi(APIView):
     """Issue a fresh merchant order number to the caller (the pre-order step).
 
-    Not behind an Idempotency-Key: a retried pre-order only issues an unused number,
-    which expires on its own.
+    The Idempotency-Key is optional here: without one a retry only issues another
+    number, which expires unused; with one (as the idempotent client sends) a retry
+    after a crash gets the same number back.
     """
 
     class OutputSerializer(serializers.Serializer):
@@ -63,6 +64,7 @@ class PreOrderCreateApi(APIView):
         expires_at = serializers.DateTimeField()
 
     @extend_schema(request=None, responses={201: OutputSerializer})
+    @idempotent("orders.preorder", default="optional")
     def post(self, request: Request) -> Response:
         preorder = preorder_create(owner=request.user)
         return Response(

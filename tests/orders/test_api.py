@@ -36,6 +36,17 @@ def test_preorder_issues_a_number_to_the_caller(alice):
     )
 
 
+def test_preorder_with_a_key_returns_the_same_number_on_retry(alice):
+    _, client, _ = alice
+    key = new_key()
+    first = client.post("/api/v1/preorders", headers={"Idempotency-Key": key})
+    again = client.post("/api/v1/preorders", headers={"Idempotency-Key": key})
+    assert again.content == first.content and again["Idempotent-Replayed"] == "true"
+    other = client.post("/api/v1/preorders")  # no key: a fresh number each time
+    assert other.json()["merchant_order_no"] != first.json()["merchant_order_no"]
+    assert PreOrder.objects.count() == 2
+
+
 def test_preorder_needs_a_token():
     from rest_framework.test import APIClient
 
