@@ -140,3 +140,21 @@ def order_mark_paid(*, order_id: int) -> bool:
             status=Order.Status.PAID, paid_at=timezone.now(), updated_at=timezone.now()
         )
     )
+
+
+def order_mark_refunded(*, order_id: int) -> bool:
+    """Move a paid, shipped or completed order to `refunded`; True if it moved.
+
+    One conditional `UPDATE ... WHERE status IN (paid, shipped, completed)`, so a
+    repeated refund, or one racing a cancellation, can never move it twice.
+    """
+    return bool(
+        Order.objects.filter(
+            pk=order_id,
+            status__in=[
+                Order.Status.PAID,
+                Order.Status.SHIPPED,
+                Order.Status.COMPLETED,
+            ],
+        ).update(status=Order.Status.REFUNDED, updated_at=timezone.now())
+    )

@@ -10,4 +10,9 @@ urlpatterns = [
         apis.OrderPayApi.as_view(),
         name="api-order-pay",
     ),
+    path(
+        "payments/<int:payment_id>/refund",
+        apis.PaymentRefundApi.as_view(),
+        name="api-payment-refund",
+    ),
 ]

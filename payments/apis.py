@@ -6,11 +6,12 @@ from rest_framework.views import APIView
 
 from idempotency.decorators import idempotent
 from orders.apis import IDEMPOTENCY_KEY
-from orders.fields import StrictInputSerializer
+from orders.fields import StrictCharField, StrictInputSerializer
 from orders.selectors import order_get
 
 from .models import Payment
-from .services import payment_create
+from .selectors import payment_get
+from .services import payment_create, payment_refund
 
 
 class PaymentOutputSerializer(serializers.Serializer):
@@ -46,4 +47,42 @@ class OrderPayApi(APIView):
         )
         return Response(
             PaymentOutputSerializer(payment).data, status=status.HTTP_201_CREATED
+        )
+
+
+class RefundOutputSerializer(serializers.Serializer):
+    id = serializers.IntegerField()
+    payment = serializers.IntegerField(source="payment_id")
+    order = serializers.CharField(source="payment.order.merchant_order_no")
+    amount = serializers.IntegerField()
+    currency = serializers.CharField()
+    reason = serializers.CharField()
+    payment_status = serializers.CharField(source="payment.status")
+    order_status = serializers.CharField(source="payment.order.status_name")
+    created_at = serializers.DateTimeField()
+
+
+class PaymentRefundApi(APIView):
+    class InputSerializer(StrictInputSerializer):
+        class Meta:
+            ref_name = "PaymentRefundInput"
+
+        reason = StrictCharField(required=False, max_length=64, allow_blank=False)
+
+    @extend_schema(
+        request=InputSerializer,
+        responses={201: RefundOutputSerializer},
+        parameters=[IDEMPOTENCY_KEY],
+    )
+    @idempotent("payments.refund")
+    def post(self, request: Request, payment_id: int) -> Response:
+        serializer = self.InputSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        payment = payment_get(owner=request.user, payment_id=payment_id)
+        refund = payment_refund(
+            payment_id=payment.pk,
+            reason=serializer.validated_data.get("reason", "requested"),
+        )
+        return Response(
+            RefundOutputSerializer(refund).data, status=status.HTTP_201_CREATED
         )

@@ -20,3 +20,17 @@ class PaymentMethodUnavailable(DomainError):
     code = "payment_method_unavailable"
     title = "Payment method unavailable"
     default_detail = "This payment method is not available yet; pay with balance."
+
+
+class AlreadyRefunded(DomainError):
+    status = 409
+    code = "already_refunded"
+    title = "Already refunded"
+    default_detail = "This payment was already refunded; it was not refunded again."
+
+
+class PaymentNotRefundable(DomainError):
+    status = 409
+    code = "payment_not_refundable"
+    title = "Payment cannot be refunded"
+    default_detail = "Only a succeeded payment can be refunded."

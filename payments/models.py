@@ -79,3 +79,32 @@ class Payment(ConcurrentTransitionMixin, models.Model):
     @transition(field=status, source=Status.SUCCEEDED, target=Status.REFUNDED)
     def refund(self) -> None:
         pass
+
+
+class Refund(models.Model):
+    """Money given back for a payment: at most one per payment (the unique
+    one-to-one is the last guard), moved by a reversing ledger entry."""
+
+    payment = models.OneToOneField(
+        Payment, on_delete=models.PROTECT, related_name="refund_record"
+    )
+    amount = models.BigIntegerField(_("amount"))  # minor units
+    currency = models.CharField(_("currency"), max_length=3)
+    reason = models.CharField(_("reason"), max_length=64, default="requested")
+    journal_entry = models.OneToOneField(
+        JournalEntry, on_delete=models.PROTECT, related_name="refund"
+    )
+    created_at = models.DateTimeField(_("created"), auto_now_add=True)
+
+    class Meta:
+        verbose_name = _("refund")
+        verbose_name_plural = _("refunds")
+        ordering = ["-id"]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(amount__gt=0), name="refund_amount_positive"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"refund {self.pk} of payment {self.payment_id}"
