@@ -1,0 +1,275 @@
+"""The gateway layer: deploy/nginx.conf never retries a POST upstream.
+
+Debian's nginx runs the project's config (rendered with loopback ports and temporary
+paths) in front of two real gunicorns on the test database. Upstream A is the primary,
+B the backup nginx fails over to. A POST whose upstream stalls past
+`proxy_read_timeout`, or dies mid-request, gets 504/502 and is never sent to B; the
+client's retry with the same Idempotency-Key then makes exactly one deposit. A GET in
+the same situation does fail over to B.
+"""
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager, suppress
+from pathlib import Path
+
+import httpx
+import pytest
+from django.db import connection
+
+from tests.idempotency.conftest import Customer
+from tests.servers import ROOT, children, free_port, gunicorn, stop
+
+NGINX = shutil.which("nginx") or "/usr/sbin/nginx"
+LEASE = 2  # seconds, the idempotency lease of the upstreams
+
+pytestmark = [
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.slow,
+    pytest.mark.skipif(not Path(NGINX).exists(), reason="nginx is not installed"),
+]
+
+
+def render(
+    config: str, *, port: int, primary: str, backup: str, tmp: Path, read_timeout: int
+) -> str:
+    """The project's config with loopback addresses and every path inside `tmp`."""
+    replacements = [
+        (
+            r"server web:8000 ([^;]*);",
+            f"server {primary} \\1;\n server {backup} backup;",
+        ),
+        (r"listen 8080;", f"listen 127.0.0.1:{port};"),
+        (r"pid [^;]+;", f"pid {tmp}/nginx.pid;"),
+        (r"proxy_read_timeout \d+s;", f"proxy_read_timeout {read_timeout}s;"),
+        (r"access_log /dev/stdout", f"access_log {tmp}/access.log"),
+        (r"alias /srv/static/;", f"alias {ROOT}/static/;"),
+        (r"(_temp_path) /tmp/", f"\\1 {tmp}/"),
+    ]
+    for pattern, replacement in replacements:
+        config, n = re.subn(pattern, replacement, config)
+        assert n >= 1, f"deploy/nginx.conf no longer has {pattern!r}"
+    if os.geteuid() == 0:  # workers keep our uid, so they can use tmp_path
+        config = "user root;\n" + config
+    return config
+
+
+@contextmanager
+def nginx(
+    tmp_path: Path, primary: str, backup: str, read_timeout: int
+) -> Iterator[str]:
+    tmp = tmp_path / "nginx"
+    tmp.mkdir()
+    port = free_port()
+    config = render(
+        (ROOT / "deploy/nginx.conf").read_text(),
+        port=port,
+        primary=primary,
+        backup=backup,
+        tmp=tmp,
+        read_timeout=read_timeout,
+    )
+    conf = tmp / "nginx.conf"
+    conf.write_text(config)
+    log = (tmp / "stderr.log").open("w")
+    process = subprocess.Popen(
+        [
+            NGINX,
+            "-c",
+            str(conf),
+            "-p",
+            f"{tmp}/",
+            "-e",
+            str(tmp / "error.log"),
+            "-g",
+            "daemon off;",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 10
+        while True:
+            assert process.poll() is None, (tmp / "error.log").read_text()
+            with suppress(httpx.HTTPError):
+                httpx.get(f"{url}/static/css/app.css", timeout=1)
+                break
+            assert time.monotonic() < deadline, "nginx never came up"
+            time.sleep(0.05)
+        yield url
+    finally:
+        stop(process)
+        log.close()
+
+
+def gateway_log(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def upstream_requests(log: Path, method: str, path: str) -> list[str]:
+    return [
+        line for line in log.read_text().splitlines() if f"{method} {path} " in line
+    ]
+
+
+ACCESS_FORMAT = (
+    "--access-logfile - --access-logformat '%(m)s %(U)s %(s)s rid=%({x-request-id}i)s'"
+)
+
+
+@contextmanager
+def gateway(tmp_path: Path, read_timeout: int) -> Iterator[dict]:
+    """Upstreams A (primary) and B (backup), nginx in front of them."""
+    with ExitStack() as stack:
+        (a, a_master), (b, _) = (
+            stack.enter_context(
+                gunicorn(
+                    tmp_path,
+                    "tests.idempotency.server_settings",
+                    IDEMPOTENCY_LEASE_SECONDS=str(LEASE),
+                    GUNICORN_CMD_ARGS=ACCESS_FORMAT,
+                )
+            )
+            for _ in range(2)
+        )
+        a_addr, b_addr = a.removeprefix("http://"), b.removeprefix("http://")
+        url = stack.enter_context(nginx(tmp_path, a_addr, b_addr, read_timeout))
+        yield {
+            "url": url,
+            "a": a_addr,
+            "b": b_addr,
+            "a_master": a_master,
+            "log": tmp_path / "nginx/access.log",
+            "a_log": tmp_path / f"gunicorn-{a_addr.split(':')[1]}.log",
+            "b_log": tmp_path / f"gunicorn-{b_addr.split(':')[1]}.log",
+        }
+
+
+PHASED = "/test/phased-deposits"
+
+
+def post_deposit(
+    url: str, customer: Customer, key: str, path: str = "/test/deposits", **body
+) -> httpx.Response:
+    return httpx.post(
+        f"{url}{path}",
+        json={"amount": 100, **body},
+        headers={"Authorization": f"Token {customer.token}", "Idempotency-Key": key},
+        timeout=30,
+    )
+
+
+def retry_until_done(url: str, customer: Customer, key: str, **body) -> httpx.Response:
+    """A well-behaved client: honour 409 + Retry-After and retry 502/504."""
+    deadline = time.monotonic() + 30
+    while True:
+        answer = post_deposit(url, customer, key, **body)
+        if answer.status_code not in (409, 502, 503, 504):
+            return answer
+        assert time.monotonic() < deadline, f"never finished: {answer.status_code}"
+        time.sleep(float(answer.headers.get("Retry-After", "0.2")))
+
+
+def in_view_elsewhere() -> bool:
+    """Some other connection is inside the view's transaction (it has written)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+            " AND state = 'idle in transaction' AND pid <> pg_backend_pid()"
+        )
+        return cursor.fetchone()[0] > 0
+
+
+def wait_for(condition, seconds: float = 15) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, "condition never became true"
+        time.sleep(0.05)
+
+
+def test_stalled_post_is_not_retried_but_a_stalled_get_fails_over(tmp_path):
+    alice = Customer("alice")
+    key = f"gw-{uuid.uuid4()}"
+    answers: dict[str, httpx.Response] = {}
+    with gateway(tmp_path, read_timeout=1) as gw:
+        url = gw["url"]
+
+        def slow_post() -> None:
+            answers["post"] = post_deposit(url, alice, key, sleep=4)
+
+        thread = threading.Thread(target=slow_post)
+        thread.start()
+        wait_for(in_view_elsewhere)  # A's only worker is now inside the view
+        # A GET to A now waits behind the stalled POST: nginx times out, tries B.
+        get = httpx.get(f"{url}/healthz", headers={"X-Request-ID": "get-1"}, timeout=30)
+        thread.join(timeout=30)
+
+        assert get.status_code == 200
+        assert get.headers["X-Request-ID"] == "get-1"
+        assert answers["post"].status_code == 504
+        assert answers["post"].headers["X-Request-ID"]  # made up by nginx
+        entries = {entry["method"]: entry for entry in gateway_log(gw["log"])}
+        assert entries["POST"]["upstream_addr"] == gw["a"]  # tried once, on A only
+        assert entries["GET"]["upstream_addr"] == f"{gw['a']}, {gw['b']}"
+        assert upstream_requests(gw["b_log"], "POST", "/test/deposits") == []
+        b_gets = upstream_requests(gw["b_log"], "GET", "/healthz")
+        assert any(line.endswith("rid=get-1") for line in b_gets)  # id passed on
+
+        # The stalled POST finishes on A by itself; the retry gets its answer.
+        final = retry_until_done(url, alice, key, sleep=4)
+        assert final.status_code == 201
+        assert final.headers["Idempotent-Replayed"] == "true"
+        assert alice.deposits() == 1
+
+
+def test_upstream_dying_mid_post_is_not_retried_and_the_retry_runs_once(tmp_path):
+    alice = Customer("alice")
+    key = f"gw-{uuid.uuid4()}"
+    answers: dict[str, httpx.Response] = {}
+    with gateway(tmp_path, read_timeout=30) as gw:
+        url = gw["url"]
+
+        def doomed_post() -> None:
+            answers["post"] = post_deposit(url, alice, key, sleep=20, path=PHASED)
+
+        thread = threading.Thread(target=doomed_post)
+        thread.start()
+        # Phase 1 committed the deposit; the view now waits on its "outside call".
+        wait_for(lambda: alice.deposits() == 1)
+        (worker,) = children(gw["a_master"].pid)
+        os.kill(worker, signal.SIGKILL)
+        thread.join(timeout=30)
+
+        assert answers["post"].status_code == 502
+        (entry,) = gateway_log(gw["log"])
+        assert entry["upstream_addr"] == gw["a"]  # B never saw the POST
+        assert upstream_requests(gw["b_log"], "POST", PHASED) == []
+
+        # The same request again, with the same key: it waits out the dead
+        # worker's lease, takes the key over and finishes without a second deposit.
+        final = retry_until_done(url, alice, key, sleep=20, path=PHASED)
+        assert final.status_code == 201
+        again = post_deposit(url, alice, key, sleep=20, path=PHASED)
+        assert again.status_code == 201
+        assert again.headers["Idempotent-Replayed"] == "true"
+        assert again.content == final.content
+        assert alice.deposits() == 1
+
+
+def test_static_files_are_served_by_nginx_itself(tmp_path):
+    with gateway(tmp_path, read_timeout=30) as gw:
+        answer = httpx.get(f"{gw['url']}/static/css/app.css", timeout=10)
+        assert answer.status_code == 200
+        assert answer.text == (ROOT / "static/css/app.css").read_text()
+        for log in (gw["a_log"], gw["b_log"]):
+            assert upstream_requests(log, "GET", "/static/css/app.css") == []
