@@ -1,7 +1,7 @@
 from django.contrib import admin
 from django.http import HttpRequest
 
-from .models import Payment, Refund
+from .models import Payment, ProviderEvent, Refund, Shipment
 
 
 @admin.register(Payment)
@@ -33,6 +33,8 @@ class PaymentAdmin(admin.ModelAdmin):
         "created_at",
         "updated_at",
         "succeeded_at",
+        "provider_txn_id",
+        "pay_url",
     )
 
     def has_add_permission(self, request: HttpRequest) -> bool:
@@ -69,3 +71,29 @@ class RefundAdmin(admin.ModelAdmin):
 
     def has_delete_permission(self, request: HttpRequest, obj=None) -> bool:
         return False
+
+
+class _ReadOnly(admin.ModelAdmin):
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj=None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj=None) -> bool:
+        return False
+
+
+@admin.register(ProviderEvent)
+class ProviderEventAdmin(_ReadOnly):
+    """The inbox of provider callbacks, as received."""
+
+    list_display = ("event_id", "payment", "kind", "status", "outcome", "received_at")
+    list_filter = ("status", "kind")
+    search_fields = ("event_id", "payment__order__merchant_order_no")
+
+
+@admin.register(Shipment)
+class ShipmentAdmin(_ReadOnly):
+    list_display = ("order", "status", "created_at", "dispatched_at")
+    list_filter = ("status",)

@@ -6,6 +6,11 @@ from . import apis
 
 urlpatterns = [
     path(
+        "payments/callback",
+        apis.ProviderCallbackApi.as_view(),
+        name="api-payment-callback",
+    ),
+    path(
         "orders/<str:merchant_order_no>/pay",
         apis.OrderPayApi.as_view(),
         name="api-order-pay",

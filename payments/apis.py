@@ -1,17 +1,27 @@
-from drf_spectacular.utils import extend_schema
-from rest_framework import serializers, status
+import json
+
+from django.conf import settings
+from drf_spectacular.utils import OpenApiParameter, extend_schema
+from rest_framework import exceptions, serializers, status
+from rest_framework.permissions import AllowAny
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from idempotency.decorators import idempotent
 from orders.apis import IDEMPOTENCY_KEY
-from orders.fields import StrictCharField, StrictInputSerializer
+from orders.fields import (
+    MAX_AMOUNT,
+    StrictCharField,
+    StrictInputSerializer,
+    StrictIntegerField,
+)
 from orders.selectors import order_get
 
 from .models import Payment
 from .selectors import payment_get
-from .services import payment_create, payment_refund
+from .services import payment_create, payment_refund, provider_event_receive
+from .signatures import HEADER, signature_verify
 
 
 class PaymentOutputSerializer(serializers.Serializer):
@@ -86,3 +96,55 @@ class PaymentRefundApi(APIView):
         return Response(
             RefundOutputSerializer(refund).data, status=status.HTTP_201_CREATED
         )
+
+
+class ProviderCallbackApi(APIView):
+    """The payment provider's signed callback: verify, store in the inbox, ack.
+
+    No token and no session (so no CSRF): the signature is the authentication.
+    Processing happens later in a Celery task; this answers as soon as the event is
+    durably stored.
+    """
+
+    authentication_classes: list = []
+    permission_classes = [AllowAny]
+
+    class InputSerializer(serializers.Serializer):
+        class Meta:
+            ref_name = "ProviderCallbackInput"
+
+        event_id = StrictCharField(max_length=128)
+        merchant_order_no = StrictCharField(max_length=32)
+        provider_txn_id = StrictCharField(max_length=64)
+        status = serializers.ChoiceField(choices=["SUCCESS", "FAILED"])
+        amount = StrictIntegerField(min_value=1, max_value=MAX_AMOUNT)
+
+    @extend_schema(
+        request=InputSerializer,
+        responses={200: dict},
+        parameters=[
+            OpenApiParameter(
+                HEADER,
+                str,
+                OpenApiParameter.HEADER,
+                required=True,
+                description="t=<unix seconds>,n=<nonce>,v1=<hex HMAC-SHA256>",
+            )
+        ],
+    )
+    def post(self, request: Request) -> Response:
+        body = request.body
+        signature_verify(
+            header=request.headers.get(HEADER),
+            body=body,
+            secret=settings.PAYMENT_PROVIDER_SECRET,
+        )
+        try:
+            text = body.decode("utf-8")
+            data = json.loads(text)
+        except (UnicodeDecodeError, ValueError):
+            raise exceptions.ParseError("The body is not valid UTF-8 JSON.") from None
+        serializer = self.InputSerializer(data=data)
+        serializer.is_valid(raise_exception=True)
+        provider_event_receive(payload=serializer.validated_data, raw_body=text)
+        return Response({"code": "SUCCESS"}, status=status.HTTP_200_OK)

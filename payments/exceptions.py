@@ -34,3 +34,23 @@ class PaymentNotRefundable(DomainError):
     code = "payment_not_refundable"
     title = "Payment cannot be refunded"
     default_detail = "Only a succeeded payment can be refunded."
+
+
+class CallbackSignatureInvalid(DomainError):
+    status = 401
+    code = "callback_signature_invalid"
+    title = "Callback signature invalid"
+    default_detail = (
+        "The X-Provider-Signature header is missing, malformed, stale, replayed or "
+        "does not match the body."
+    )
+
+
+class CallbackMismatch(DomainError):
+    status = 400
+    code = "callback_mismatch"
+    title = "Callback does not match a payment"
+    default_detail = (
+        "The callback's order, amount or provider transaction does not match a "
+        "payment of ours."
+    )

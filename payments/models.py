@@ -48,6 +48,12 @@ class Payment(ConcurrentTransitionMixin, models.Model):
     created_at = models.DateTimeField(_("created"), auto_now_add=True)
     updated_at = models.DateTimeField(_("updated"), auto_now=True)
     succeeded_at = models.DateTimeField(_("succeeded"), null=True, blank=True)
+    # A provider payment: the provider's transaction id and the page the payer
+    # confirms on, recorded once the provider answered our charge request.
+    provider_txn_id = models.CharField(
+        _("provider transaction"), max_length=64, blank=True, db_index=True
+    )
+    pay_url = models.URLField(_("pay URL"), max_length=500, blank=True)
 
     class Meta:
         verbose_name = _("payment")
@@ -68,7 +74,11 @@ class Payment(ConcurrentTransitionMixin, models.Model):
         return f"payment {self.pk} ({self.method}, {self.status})"
 
     # Transitions only declare the legal edges; services save them.
-    @transition(field=status, source=Status.PENDING, target=Status.SUCCEEDED)
+    # A provider may report success after reporting failure (the payer retried on
+    # the pay page); the money arrived, so the payment succeeds.
+    @transition(
+        field=status, source=[Status.PENDING, Status.FAILED], target=Status.SUCCEEDED
+    )
     def succeed(self) -> None:
         pass
 
@@ -108,3 +118,72 @@ class Refund(models.Model):
 
     def __str__(self) -> str:
         return f"refund {self.pk} of payment {self.payment_id}"
+
+
+class ProviderEvent(models.Model):
+    """The inbox: every valid provider callback, stored before we answer 200.
+
+    The unique `event_id` turns a redelivery into a no-op; a Celery task processes
+    each row once (`received` -> `processed`) and may be retried safely.
+    """
+
+    class Status(models.TextChoices):
+        RECEIVED = "received", _("Received")
+        PROCESSED = "processed", _("Processed")
+
+    event_id = models.CharField(_("event id"), max_length=128, unique=True)
+    payment = models.ForeignKey(
+        Payment, on_delete=models.PROTECT, related_name="provider_events"
+    )
+    kind = models.CharField(_("reported status"), max_length=16)
+    payload = models.JSONField(_("payload"))
+    raw_body = models.TextField(_("raw body"))
+    status = models.CharField(
+        _("status"), max_length=16, choices=Status.choices, default=Status.RECEIVED
+    )
+    outcome = models.CharField(_("outcome"), max_length=64, blank=True)
+    received_at = models.DateTimeField(_("received"), auto_now_add=True)
+    processed_at = models.DateTimeField(_("processed"), null=True, blank=True)
+
+    class Meta:
+        verbose_name = _("provider event")
+        verbose_name_plural = _("provider events")
+        ordering = ["-id"]
+
+    def __str__(self) -> str:
+        return f"event {self.event_id} ({self.kind}, {self.status})"
+
+
+class CallbackNonce(models.Model):
+    """A callback nonce seen, when no Redis is configured: the unique index makes
+    each single-use; beat purges them after they expire."""
+
+    nonce = models.CharField(max_length=128, unique=True)
+    expires_at = models.DateTimeField(db_index=True)
+
+    def __str__(self) -> str:
+        return self.nonce
+
+
+class Shipment(models.Model):
+    """The one shipment task of a paid order (the unique order is the guard)."""
+
+    class Status(models.TextChoices):
+        PENDING = "pending", _("Pending")
+        DISPATCHED = "dispatched", _("Dispatched")
+
+    order = models.OneToOneField(
+        Order, on_delete=models.PROTECT, related_name="shipment"
+    )
+    status = models.CharField(
+        _("status"), max_length=16, choices=Status.choices, default=Status.PENDING
+    )
+    created_at = models.DateTimeField(_("created"), auto_now_add=True)
+    dispatched_at = models.DateTimeField(_("dispatched"), null=True, blank=True)
+
+    class Meta:
+        verbose_name = _("shipment")
+        verbose_name_plural = _("shipments")
+
+    def __str__(self) -> str:
+        return f"shipment of order {self.order_id} ({self.status})"

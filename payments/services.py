@@ -19,12 +19,13 @@ from orders.services import order_mark_paid, order_mark_refunded
 
 from .exceptions import (
     AlreadyRefunded,
+    CallbackMismatch,
     OrderAlreadyPaid,
     OrderNotPayable,
     PaymentMethodUnavailable,
     PaymentNotRefundable,
 )
-from .models import Payment, Refund
+from .models import Payment, ProviderEvent, Refund, Shipment
 
 PAID_STATES = (
     Order.Status.PAID,
@@ -100,6 +101,51 @@ def refund_reference(payment: Payment) -> str:
     return f"refund:{payment.pk}"
 
 
+def _refund_locked(*, order: Order, payment: Payment, reason: str) -> Refund:
+    """Move a succeeded payment's money back; the caller holds both row locks.
+
+    `payment` may be succeeded only in memory (a late success being given back at
+    once): the save is conditional on the status the row had when it was read.
+    """
+    merchant = merchant_account(currency=payment.currency)
+    if payment.method == Payment.Method.BALANCE:
+        destination = wallet_get_or_create(user=order.owner, currency=payment.currency)
+    else:
+        # Provider money goes back where it came from: out through the provider.
+        destination = external_account(currency=payment.currency)
+    entry = ledger_transfer(
+        source_id=merchant.pk,
+        destination_id=destination.pk,
+        amount=payment.amount,
+        currency=payment.currency,
+        reference=refund_reference(payment),
+        kind=JournalEntry.Kind.REFUND,
+        description=f"Refund of order {order.merchant_order_no}",
+    )
+    try:
+        with transaction.atomic():
+            refund = Refund.objects.create(
+                payment=payment,
+                amount=payment.amount,
+                currency=payment.currency,
+                reason=reason,
+                journal_entry=entry,
+            )
+    except IntegrityError:  # pragma: no cover - the payment row is locked
+        raise AlreadyRefunded() from None
+    payment.refund()
+    payment.save()
+    return refund
+
+
+def _lock(payment_id: int) -> tuple[Order, Payment]:
+    """Lock a payment's order, then the payment: the order every service uses."""
+    order_id = Payment.objects.values_list("order_id", flat=True).get(pk=payment_id)
+    order = Order.objects.select_for_update().get(pk=order_id)
+    payment = Payment.objects.select_for_update().get(pk=payment_id)
+    return order, payment
+
+
 def payment_refund(*, payment_id: int, reason: str = "requested") -> Refund:
     """Give a succeeded payment's money back, once, and move it and its order on.
 
@@ -108,13 +154,10 @@ def payment_refund(*, payment_id: int, reason: str = "requested") -> Refund:
     back with a reversing entry (merchant -> the wallet it came from, or -> the
     outside world for a provider payment; its unique reference `refund:<payment>`
     stops a second movement), record the `Refund` (unique per payment), mark the
-    payment refunded and the order refunded if it was paid (a cancelled order whose
-    late success is refunded stays cancelled).
+    payment refunded and the order refunded (a conditional update).
     """
     with transaction.atomic():
-        order_id = Payment.objects.values_list("order_id", flat=True).get(pk=payment_id)
-        order = Order.objects.select_for_update().get(pk=order_id)
-        payment = Payment.objects.select_for_update().get(pk=payment_id)
+        order, payment = _lock(payment_id)
         if payment.status == Payment.Status.REFUNDED:
             raise AlreadyRefunded()
         if payment.status != Payment.Status.SUCCEEDED:
@@ -122,34 +165,171 @@ def payment_refund(*, payment_id: int, reason: str = "requested") -> Refund:
                 f"Payment {payment.pk} is {payment.status}; only a succeeded payment "
                 "can be refunded."
             )
-        merchant = merchant_account(currency=payment.currency)
-        if payment.method == Payment.Method.BALANCE:
-            destination = wallet_get_or_create(
-                user=order.owner, currency=payment.currency
-            )
-        else:
-            destination = external_account(currency=payment.currency)
-        entry = ledger_transfer(
-            source_id=merchant.pk,
-            destination_id=destination.pk,
-            amount=payment.amount,
-            currency=payment.currency,
-            reference=refund_reference(payment),
-            kind=JournalEntry.Kind.REFUND,
-            description=f"Refund of order {order.merchant_order_no}",
-        )
-        try:
-            with transaction.atomic():
-                refund = Refund.objects.create(
-                    payment=payment,
-                    amount=payment.amount,
-                    currency=payment.currency,
-                    reason=reason,
-                    journal_entry=entry,
-                )
-        except IntegrityError:  # pragma: no cover - the payment row is locked
-            raise AlreadyRefunded() from None
-        payment.refund()
-        payment.save(update_fields=["status", "updated_at"])
+        refund = _refund_locked(order=order, payment=payment, reason=reason)
         order_mark_refunded(order_id=order.pk)
     return refund
+
+
+def provider_reference(payment: Payment) -> str:
+    """The ledger reference of a provider payment's settlement: once per payment."""
+    return f"provider:{payment.pk}"
+
+
+def payment_settle(*, payment_id: int, provider_txn_id: str) -> Payment:
+    """Record that the provider collected a payment's money, once.
+
+    One transaction under the order and payment locks. Settled already (a second
+    event, a redelivered task, the re-drive): nothing happens. Otherwise the money
+    comes in from outside (external -> merchant, reference `provider:<payment>`),
+    the payment succeeds and the order moves to `paid` only forward, with its one
+    shipment. If the order can no longer take the money (cancelled meanwhile, or
+    paid by another payment) the success is refunded in the same transaction: the
+    payment ends `refunded` and the money goes back out.
+    """
+    with transaction.atomic():
+        order, payment = _lock(payment_id)
+        if payment.status in (Payment.Status.SUCCEEDED, Payment.Status.REFUNDED):
+            return payment
+        entry = ledger_transfer(
+            source_id=external_account(currency=payment.currency).pk,
+            destination_id=merchant_account(currency=payment.currency).pk,
+            amount=payment.amount,
+            currency=payment.currency,
+            reference=provider_reference(payment),
+            kind=JournalEntry.Kind.PAYMENT,
+            description=f"Order {order.merchant_order_no} via provider",
+        )
+        payment.succeed()
+        payment.journal_entry = entry
+        payment.succeeded_at = timezone.now()
+        if not payment.provider_txn_id:
+            payment.provider_txn_id = provider_txn_id
+        if order.status != Order.Status.PENDING_PAYMENT:
+            reason = (
+                "order_cancelled"
+                if order.status == Order.Status.CANCELLED
+                else "order_already_paid"
+            )
+            _refund_locked(order=order, payment=payment, reason=reason)
+            return payment
+        payment.save()
+        order_mark_paid(order_id=order.pk)
+        shipment_create(order_id=order.pk)
+    return payment
+
+
+def payment_fail(*, payment_id: int) -> Payment:
+    """Mark a pending payment failed (the provider said so); anything else stays."""
+    with transaction.atomic():
+        _, payment = _lock(payment_id)
+        if payment.status == Payment.Status.PENDING:
+            payment.fail()
+            payment.save()
+    return payment
+
+
+def shipment_create(*, order_id: int) -> Shipment | None:
+    """Create the order's one shipment and enqueue its task after commit.
+
+    The unique order on `Shipment` is the guard: a second attempt creates nothing and
+    enqueues nothing. Returns the new shipment, or None if it existed.
+    """
+    from .tasks import shipment_dispatch_task
+
+    try:
+        with transaction.atomic():
+            shipment = Shipment.objects.create(order_id=order_id)
+    except IntegrityError:
+        return None
+    transaction.on_commit(lambda: shipment_dispatch_task.delay(shipment.pk))
+    return shipment
+
+
+def shipment_dispatch(*, shipment_id: int) -> bool:
+    """Hand a pending shipment to the warehouse; True if it moved (once)."""
+    return bool(
+        Shipment.objects.filter(pk=shipment_id, status=Shipment.Status.PENDING).update(
+            status=Shipment.Status.DISPATCHED, dispatched_at=timezone.now()
+        )
+    )
+
+
+def _callback_payment(payload: dict) -> Payment:
+    """The provider payment a callback speaks of, or `CallbackMismatch`."""
+    payment = (
+        Payment.objects.select_related("order")
+        .filter(
+            method=Payment.Method.PROVIDER,
+            order__merchant_order_no=payload["merchant_order_no"],
+        )
+        .order_by("-id")
+        .first()
+    )
+    if payment is None:
+        raise CallbackMismatch("No provider payment of ours for that order.")
+    if payment.amount != payload["amount"]:
+        raise CallbackMismatch(
+            f"The callback's amount {payload['amount']} is not the payment's "
+            f"{payment.amount}."
+        )
+    if (
+        payment.provider_txn_id
+        and payment.provider_txn_id != payload["provider_txn_id"]
+    ):
+        raise CallbackMismatch("The callback's provider transaction is not ours.")
+    return payment
+
+
+def provider_event_receive(
+    *, payload: dict, raw_body: str
+) -> tuple[ProviderEvent, bool]:
+    """Store a verified callback in the inbox, once; (event, created).
+
+    A known `event_id` (a redelivery) returns the stored event and changes nothing. A
+    callback that matches no payment of ours raises `CallbackMismatch` and stores
+    nothing. A new event commits with its processing task enqueued after commit.
+    """
+    from .tasks import provider_event_process_task
+
+    existing = ProviderEvent.objects.filter(event_id=payload["event_id"]).first()
+    if existing is not None:
+        return existing, False
+    payment = _callback_payment(payload)
+    try:
+        with transaction.atomic():
+            event = ProviderEvent.objects.create(
+                event_id=payload["event_id"],
+                payment=payment,
+                kind=payload["status"],
+                payload=payload,
+                raw_body=raw_body,
+            )
+            transaction.on_commit(lambda: provider_event_process_task.delay(event.pk))
+    except IntegrityError:  # the same event, delivered twice at the same instant
+        return ProviderEvent.objects.get(event_id=payload["event_id"]), False
+    return event, True
+
+
+def provider_event_process(*, event_id: int) -> ProviderEvent:
+    """Apply a stored callback, once: settle or fail its payment, mark it processed.
+
+    The event row is locked and re-read: processed already (a redelivered task) is
+    a no-op. Settling is itself idempotent, so two events reporting success for
+    one payment settle it once.
+    """
+    with transaction.atomic():
+        event = ProviderEvent.objects.select_for_update().get(pk=event_id)
+        if event.status == ProviderEvent.Status.PROCESSED:
+            return event
+        if event.kind == "SUCCESS":
+            payment = payment_settle(
+                payment_id=event.payment_id,
+                provider_txn_id=event.payload.get("provider_txn_id", ""),
+            )
+        else:
+            payment = payment_fail(payment_id=event.payment_id)
+        event.status = ProviderEvent.Status.PROCESSED
+        event.outcome = f"payment {payment.status}"
+        event.processed_at = timezone.now()
+        event.save(update_fields=["status", "outcome", "processed_at"])
+    return event

@@ -231,3 +231,29 @@ LOGGING = {
 # usable.
 SNOWFLAKE_NODE_ID = env_int("SNOWFLAKE_NODE_ID", 0)
 PREORDER_TTL_SECONDS = env_int("PREORDER_TTL_SECONDS", 3600)
+
+# Payments through the provider. Our side: where the provider (by default the bundled
+# simulator, served by this same app under /provider/) is reached, how long a provider
+# payment may stay pending before beat asks the provider for its status, and how long
+# an order may stay unpaid before beat cancels it.
+_PORT = env("PORT", "8000")
+PAYMENT_PROVIDER_URL = env("PAYMENT_PROVIDER_URL", f"http://127.0.0.1:{_PORT}/provider")
+PAYMENT_PROVIDER_TIMEOUT_SECONDS = float(env("PAYMENT_PROVIDER_TIMEOUT_SECONDS", "10"))
+PAYMENT_PENDING_TIMEOUT_SECONDS = env_int("PAYMENT_PENDING_TIMEOUT_SECONDS", 600)
+ORDER_UNPAID_EXPIRY_SECONDS = env_int("ORDER_UNPAID_EXPIRY_SECONDS", 86400)
+# The simulator's side: where it delivers callbacks, its retry schedule (seconds
+# between attempts; PROVIDER_RETRY_SCALE shrinks it for tests), how long it dedupes a
+# merchant order number, and whether it delivers every callback twice on purpose.
+PROVIDER_CALLBACK_URL = env(
+    "PROVIDER_CALLBACK_URL", f"http://127.0.0.1:{_PORT}/api/v1/payments/callback"
+)
+PROVIDER_PUBLIC_URL = env("PROVIDER_PUBLIC_URL", PAYMENT_PROVIDER_URL)
+PROVIDER_RETRY_SCHEDULE = [15, 15, 30, 180, 600, 1200, 1800, 3600, 7200]
+PROVIDER_RETRY_SCALE = float(env("PROVIDER_RETRY_SCALE", "1"))
+PROVIDER_DEDUPE_WINDOW_SECONDS = env_int("PROVIDER_DEDUPE_WINDOW_SECONDS", 86400)
+PROVIDER_DELIVER_TWICE = env_bool("PROVIDER_DELIVER_TWICE", False)
+
+CELERY_BEAT_SCHEDULE["payments-purge-expired-nonces"] = {
+    "task": "payments.tasks.purge_expired_nonces",
+    "schedule": 600.0,
+}

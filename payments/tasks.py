@@ -1,0 +1,40 @@
+"""Payments' Celery tasks: thin, by id, each one safe to run twice.
+
+`acks_late` (also the project default) means a task is acknowledged only after it
+ran, so a worker killed mid-task gets it redelivered; every service called here
+re-reads its rows under a lock and returns early when the work is already done.
+"""
+
+from celery import shared_task
+from django.db import DatabaseError
+
+from . import services
+
+RETRY = {
+    "acks_late": True,
+    "autoretry_for": (DatabaseError, ConnectionError, OSError),
+    "max_retries": 8,
+    "retry_backoff": 2,  # 2 s, 4 s, 8 s ... exponential
+    "retry_backoff_max": 600,
+    "retry_jitter": True,
+}
+
+
+@shared_task(**RETRY)
+def provider_event_process_task(event_id: int) -> str:
+    """Apply one stored provider callback."""
+    return services.provider_event_process(event_id=event_id).status
+
+
+@shared_task(**RETRY)
+def shipment_dispatch_task(shipment_id: int) -> bool:
+    """Hand the order's one shipment to the warehouse."""
+    return services.shipment_dispatch(shipment_id=shipment_id)
+
+
+@shared_task
+def purge_expired_nonces() -> int:
+    """Delete callback nonces past their expiry (the table is the no-Redis path)."""
+    from .signatures import nonce_purge_expired
+
+    return nonce_purge_expired()

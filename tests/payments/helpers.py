@@ -1,0 +1,71 @@
+"""Signed provider callbacks and provider payments for the payments tests."""
+
+import itertools
+import json
+import time
+
+from django.conf import settings
+from rest_framework.test import APIClient
+
+from orders.models import Order
+from payments.models import Payment
+from payments.signatures import sign
+
+_events = itertools.count(1)
+
+
+def pending_provider_payment(order: Order, txn: str = "") -> Payment:
+    """A provider payment as phase 3 of the pay request leaves it."""
+    return Payment.objects.create(
+        order=order,
+        method=Payment.Method.PROVIDER,
+        amount=order.amount,
+        currency=order.currency,
+        provider_txn_id=txn or f"T{order.merchant_order_no}",
+        pay_url="http://provider.invalid/pay/x",
+    )
+
+
+def event_body(payment: Payment, **overrides) -> dict:
+    body = {
+        "event_id": f"evt-{next(_events)}-{time.time_ns()}",
+        "merchant_order_no": payment.order.merchant_order_no,
+        "provider_txn_id": payment.provider_txn_id,
+        "status": "SUCCESS",
+        "amount": payment.amount,
+    }
+    body.update(overrides)
+    return body
+
+
+def raw(body) -> bytes:
+    return json.dumps(body).encode() if not isinstance(body, bytes) else body
+
+
+def post_callback(
+    body, *, url: str = "", header: str | None = None, timestamp=None, secret=None
+):
+    """POST a callback signed now with a fresh nonce (or with `header` as given)."""
+    data = raw(body)
+    if header is None:
+        header = sign(
+            secret=secret or settings.PAYMENT_PROVIDER_SECRET,
+            body=data,
+            timestamp=timestamp,
+        )
+    headers = {"X-Provider-Signature": header} if header else {}
+    if url:
+        import httpx
+
+        return httpx.post(
+            f"{url}/api/v1/payments/callback",
+            content=data,
+            headers={**headers, "Content-Type": "application/json"},
+            timeout=10,
+        )
+    return APIClient().post(
+        "/api/v1/payments/callback",
+        data,
+        content_type="application/json",
+        headers=headers,
+    )

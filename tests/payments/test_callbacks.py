@@ -1,0 +1,292 @@
+"""The signed callback endpoint and the processing service, in process.
+
+The same paths through a real Celery worker are in `test_worker.py`.
+"""
+
+import time
+
+import pytest
+from django.db import connection
+
+from ledger.invariants import ledger_report
+from ledger.services import external_account, merchant_account
+from orders.models import Order
+from orders.services import order_cancel
+from payments.models import CallbackNonce, Payment, ProviderEvent, Refund, Shipment
+from payments.services import (
+    payment_pay_with_balance,
+    provider_event_process,
+    shipment_dispatch,
+)
+from payments.signatures import sign
+from tests.conftest import run_in_threads
+from tests.orders.helpers import assert_problem, balance, customer, place_order
+
+from .helpers import event_body, pending_provider_payment, post_callback, raw
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def payment():
+    user, _, _ = customer("alice")
+    return pending_provider_payment(place_order(user, amount=2500))
+
+
+def process_all() -> None:
+    for pk in ProviderEvent.objects.values_list("pk", flat=True):
+        provider_event_process(event_id=pk)
+
+
+def assert_settled_once(payment: Payment) -> None:
+    payment.refresh_from_db()
+    payment.order.refresh_from_db()
+    assert payment.status == Payment.Status.SUCCEEDED
+    assert payment.order.status == Order.Status.PAID
+    assert balance(merchant_account(currency="CNY")) == payment.amount
+    assert balance(external_account(currency="CNY")) == -payment.amount
+    assert Shipment.objects.filter(order=payment.order).count() == 1
+    report = ledger_report()
+    assert report["ok"], report
+
+
+def test_a_valid_callback_is_stored_then_processed(payment):
+    body = event_body(payment)
+    response = post_callback(body)
+    assert response.status_code == 200, response.content
+    assert response.json() == {"code": "SUCCESS"}
+    event = ProviderEvent.objects.get()
+    assert (event.event_id, event.status, event.payment) == (
+        body["event_id"],
+        "received",
+        payment,
+    )
+    assert event.payload == body and event.raw_body == raw(body).decode()
+    payment.refresh_from_db()
+    assert payment.status == Payment.Status.PENDING  # nothing until the task runs
+    process_all()
+    assert_settled_once(payment)
+    event.refresh_from_db()
+    assert event.status == "processed" and event.processed_at
+
+
+def test_the_same_event_again_is_acknowledged_and_changes_nothing(payment):
+    body = event_body(payment)
+    assert post_callback(body).status_code == 200
+    process_all()
+    again = post_callback(body)  # fresh signature, same event
+    assert again.status_code == 200 and again.json() == {"code": "SUCCESS"}
+    assert ProviderEvent.objects.count() == 1
+    process_all()
+    process_all()  # a redelivered task
+    assert_settled_once(payment)
+
+
+def test_two_events_reporting_success_settle_once(payment):
+    assert post_callback(event_body(payment)).status_code == 200
+    assert post_callback(event_body(payment)).status_code == 200
+    assert ProviderEvent.objects.count() == 2
+    process_all()
+    assert_settled_once(payment)
+    assert set(ProviderEvent.objects.values_list("status", flat=True)) == {"processed"}
+
+
+def test_a_failure_fails_the_payment_and_moves_no_money(payment):
+    assert post_callback(event_body(payment, status="FAILED")).status_code == 200
+    process_all()
+    payment.refresh_from_db()
+    assert payment.status == Payment.Status.FAILED
+    assert balance(merchant_account(currency="CNY")) == 0
+    payment.order.refresh_from_db()
+    assert payment.order.status == Order.Status.PENDING_PAYMENT
+
+
+def test_a_late_success_for_a_cancelled_order_is_refunded(payment):
+    order_cancel(order_id=payment.order_id)
+    assert post_callback(event_body(payment)).status_code == 200
+    process_all()
+    payment.refresh_from_db()
+    payment.order.refresh_from_db()
+    assert payment.status == Payment.Status.REFUNDED
+    assert payment.order.status == Order.Status.CANCELLED
+    refund = Refund.objects.get(payment=payment)
+    assert refund.reason == "order_cancelled"
+    assert balance(merchant_account(currency="CNY")) == 0
+    assert balance(external_account(currency="CNY")) == 0
+    assert not Shipment.objects.exists()
+    assert ledger_report()["ok"]
+
+
+def test_a_success_for_an_order_paid_otherwise_is_refunded():
+    user, _, wallet = customer("bob", balance=5000)
+    order = place_order(user, amount=2500)
+    payment = pending_provider_payment(order)
+    payment_pay_with_balance(order_id=order.pk)
+    assert post_callback(event_body(payment)).status_code == 200
+    process_all()
+    payment.refresh_from_db()
+    assert payment.status == Payment.Status.REFUNDED
+    assert Refund.objects.get(payment=payment).reason == "order_already_paid"
+    assert balance(wallet) == 2500
+    assert balance(merchant_account(currency="CNY")) == 2500
+    assert ledger_report()["ok"]
+
+
+@pytest.mark.parametrize(
+    "override",
+    [
+        {"amount": 2499},
+        {"provider_txn_id": "T-someone-else"},
+        {"merchant_order_no": "999999"},
+    ],
+)
+def test_a_mismatch_is_400_and_stores_nothing(payment, override):
+    response = post_callback(event_body(payment, **override))
+    assert_problem(response, 400, "callback_mismatch")
+    assert not ProviderEvent.objects.exists()
+    payment.refresh_from_db()
+    assert payment.status == Payment.Status.PENDING
+
+
+def test_a_balance_payment_is_not_a_provider_payment():
+    user, _, _ = customer("carol", balance=5000)
+    order = place_order(user, amount=100)
+    paid = payment_pay_with_balance(order_id=order.pk)
+    body = event_body(paid, provider_txn_id="T1")
+    assert_problem(post_callback(body), 400, "callback_mismatch")
+
+
+def test_a_replayed_signature_is_refused(payment, settings):
+    body = event_body(payment)
+    header = sign(secret=settings.PAYMENT_PROVIDER_SECRET, body=raw(body))
+    assert post_callback(body, header=header).status_code == 200
+    assert_problem(
+        post_callback(body, header=header), 401, "callback_signature_invalid"
+    )
+    assert ProviderEvent.objects.count() == 1
+
+
+@pytest.mark.parametrize(
+    "header",
+    [
+        "",
+        "garbage",
+        "t=1,n=abcdefgh,v1=" + "0" * 64,
+        "t=,n=,v1=",
+        "t=1700000000,n=abcdefgh,v1=XYZ",
+    ],
+)
+def test_missing_or_malformed_signatures_are_401(payment, header):
+    response = post_callback(event_body(payment), header=header)
+    assert_problem(response, 401, "callback_signature_invalid")
+    assert not ProviderEvent.objects.exists()
+
+
+def test_a_wrong_secret_or_a_changed_body_is_401(payment, settings):
+    body = event_body(payment)
+    assert_problem(
+        post_callback(body, secret="not-the-secret"), 401, "callback_signature_invalid"
+    )
+    header = sign(secret=settings.PAYMENT_PROVIDER_SECRET, body=raw(body))
+    tampered = raw({**body, "amount": 1})
+    assert_problem(
+        post_callback(tampered, header=header), 401, "callback_signature_invalid"
+    )
+    assert not ProviderEvent.objects.exists()
+
+
+@pytest.mark.parametrize("skew", [-301, 301, -10_000])
+def test_a_stale_or_future_timestamp_is_401(payment, skew):
+    response = post_callback(event_body(payment), timestamp=int(time.time()) + skew)
+    assert_problem(response, 401, "callback_signature_invalid")
+    assert not ProviderEvent.objects.exists()
+
+
+def test_without_redis_nonces_live_in_the_database(payment, settings):
+    from payments.signatures import nonce_purge_expired
+
+    settings.REDIS_URL = ""
+    body = event_body(payment)
+    header = sign(secret=settings.PAYMENT_PROVIDER_SECRET, body=raw(body))
+    assert post_callback(body, header=header).status_code == 200
+    assert CallbackNonce.objects.count() == 1
+    assert_problem(
+        post_callback(body, header=header), 401, "callback_signature_invalid"
+    )
+    assert nonce_purge_expired() == 0
+    CallbackNonce.objects.update(expires_at="2000-01-01T00:00:00Z")
+    assert nonce_purge_expired() == 1
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b"not json",
+        b"\xff\xfe",
+        b"[]",
+        b"{}",
+        b'{"event_id": 1}',
+        b"null",
+    ],
+)
+def test_signed_garbage_is_a_400_never_a_500(payment, body):
+    response = post_callback(body)
+    assert response.status_code == 400, response.content
+    assert response["Content-Type"] == "application/problem+json"
+    assert not ProviderEvent.objects.exists()
+
+
+def test_bad_field_values_are_400(payment):
+    for override in (
+        {"amount": "2500"},
+        {"amount": 2500.0},
+        {"amount": 10**30},
+        {"status": "MAYBE"},
+        {"event_id": ""},
+        {"event_id": "x" * 129},
+        {"merchant_order_no": "a\x00b"},
+    ):
+        response = post_callback(event_body(payment, **override))
+        assert_problem(response, 400, "validation_error")
+    assert not ProviderEvent.objects.exists()
+
+
+def test_the_shipment_is_dispatched_once(payment):
+    post_callback(event_body(payment))
+    process_all()
+    shipment = Shipment.objects.get()
+    assert shipment_dispatch(shipment_id=shipment.pk) is True
+    assert shipment_dispatch(shipment_id=shipment.pk) is False
+
+
+@pytest.mark.django_db(transaction=True)
+def test_racing_deliveries_of_one_event_store_it_once(on_postgres):
+    user, _, _ = customer("dora")
+    payment = pending_provider_payment(place_order(user, amount=700))
+    body = event_body(payment)
+    statuses = run_in_threads(6, lambda i: post_callback(body).status_code)
+    assert statuses == [200] * 6
+    assert ProviderEvent.objects.count() == 1
+    results = run_in_threads(
+        4,
+        lambda i: (
+            provider_event_process(event_id=ProviderEvent.objects.get().pk).status
+        ),
+    )
+    assert results == ["processed"] * 4, results
+    assert_settled_once(payment)
+    connection.close()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_racing_different_success_events_settle_once(on_postgres):
+    user, _, _ = customer("emma")
+    payment = pending_provider_payment(place_order(user, amount=900))
+    for _ in range(5):
+        assert post_callback(event_body(payment)).status_code == 200
+    ids = list(ProviderEvent.objects.values_list("pk", flat=True))
+    results = run_in_threads(
+        5, lambda i: provider_event_process(event_id=ids[i]).status
+    )
+    assert results == ["processed"] * 5, results
+    assert_settled_once(payment)
