@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from functools import cache
 from typing import Any
 
 import redis as redis_lib
@@ -184,26 +185,40 @@ def _new_record(call: Call, **values: Any) -> IdempotencyRecord:
     )
 
 
+_COLUMNS = [f for f in IdempotencyRecord._meta.concrete_fields if not f.primary_key]
+
+
+@cache
+def _statements(vendor: str) -> tuple[str, str]:
+    """The two statements of the hot path, built once per database vendor.
+
+    Plain SQL rather than ORM queries: compiling an ORM query costs more CPU than the
+    round trip it makes, and these run on every idempotent request. Only model
+    metadata is formatted in; every value is a parameter.
+    """
+    quote = connection.ops.quote_name
+    table = quote(IdempotencyRecord._meta.db_table)
+    columns = ", ".join(quote(f.column) for f in _COLUMNS)
+    placeholders = ", ".join(["%s"] * len(_COLUMNS))
+    insert = (
+        f"INSERT INTO {table} ({columns}) VALUES ({placeholders}) "  # noqa: S608
+        "ON CONFLICT (scope, key) DO NOTHING RETURNING id"
+    )
+    lookup = f"SELECT id FROM {table} WHERE scope = %s AND {quote('key')} = %s"  # noqa: S608
+    return insert, lookup
+
+
 def _insert(record: IdempotencyRecord) -> bool:
     """INSERT ... ON CONFLICT (scope, key) DO NOTHING; True if the row is ours.
 
     One statement, no savepoint: losing the race is an answer, not an exception.
     """
-    meta = IdempotencyRecord._meta
-    fields = [f for f in meta.concrete_fields if not f.primary_key]
-    columns = ", ".join(connection.ops.quote_name(f.column) for f in fields)
+    insert, _ = _statements(connection.vendor)
     values = [
-        f.get_db_prep_save(getattr(record, f.attname), connection) for f in fields
+        f.get_db_prep_save(getattr(record, f.attname), connection) for f in _COLUMNS
     ]
-    # Only model metadata is formatted in; every value is a parameter.
-    table = connection.ops.quote_name(meta.db_table)
-    sql = (
-        f"INSERT INTO {table} ({columns}) "  # noqa: S608
-        f"VALUES ({', '.join(['%s'] * len(fields))}) "
-        "ON CONFLICT (scope, key) DO NOTHING RETURNING id"
-    )
     with connection.cursor() as cursor:
-        cursor.execute(sql, values)
+        cursor.execute(insert, values)
         row = cursor.fetchone()
     if row:
         record.pk = row[0]
@@ -211,7 +226,15 @@ def _insert(record: IdempotencyRecord) -> bool:
 
 
 def _existing(call: Call, *, for_update: bool = False) -> IdempotencyRecord | None:
-    records = IdempotencyRecord.objects.filter(scope=call.scope, key=call.key)
+    """The key's record, if any. A first execution (the common case) costs one
+    indexed lookup; the full record is loaded only when there is one."""
+    _, lookup = _statements(connection.vendor)
+    with connection.cursor() as cursor:
+        cursor.execute(lookup, [call.scope, call.key])
+        row = cursor.fetchone()
+    if row is None:
+        return None
+    records = IdempotencyRecord.objects.filter(pk=row[0])
     if for_update:
         records = records.select_for_update()
     record = records.first()

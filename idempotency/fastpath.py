@@ -14,9 +14,11 @@ import hashlib
 import json
 import secrets
 from dataclasses import dataclass
+from functools import cache
 from typing import Any
 
 import redis as redis_lib
+from redis.commands.core import Script
 
 from .redis import get_redis
 
@@ -74,6 +76,12 @@ class FastPath:
     response_key: str = ""
 
 
+@cache
+def _scripts(client: redis_lib.Redis) -> tuple[Script, Script]:
+    """Both scripts, sent by SHA (EVALSHA) after the first call on a server."""
+    return client.register_script(_BEGIN), client.register_script(_FINISH)
+
+
 def _names(scope: str, key: str) -> tuple[str, str]:
     # Keys may be 255 characters of anything printable: hash them into a fixed shape.
     digest = hashlib.sha256(f"{scope}\x00{key}".encode()).hexdigest()[:40]
@@ -91,7 +99,8 @@ def begin(scope: str, key: str, lease_ms: int) -> FastPath:
         return FastPath(available=False)
     lock_key, response_key = _names(scope, key)
     token = secrets.token_hex(8)
-    reply: Any = client.eval(_BEGIN, 2, lock_key, response_key, token, lease_ms)
+    begin_script, _ = _scripts(client)
+    reply: Any = begin_script(keys=[lock_key, response_key], args=[token, lease_ms])
     fast = FastPath(
         available=True, token=token, lock_key=lock_key, response_key=response_key
     )
@@ -111,7 +120,9 @@ def finish(fast: FastPath, stored: StoredResponse | None, cache_ms: int) -> None
         return
     payload = stored.dumps() if stored else ""
     # On a Redis error the lock expires by itself; the database holds the response.
+    _, finish_script = _scripts(client)
     with contextlib.suppress(redis_lib.RedisError):
-        client.eval(
-            _FINISH, 2, fast.lock_key, fast.response_key, fast.token, payload, cache_ms
+        finish_script(
+            keys=[fast.lock_key, fast.response_key],
+            args=[fast.token, payload, cache_ms],
         )
