@@ -1,5 +1,6 @@
 from django.http import Http404
 from django.utils import timezone
+from drf_spectacular.utils import extend_schema
 from rest_framework import serializers
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -13,12 +14,20 @@ class IdempotencyKeyApi(APIView):
     an unknown outcome without sending the request again."""
 
     class OutputSerializer(serializers.Serializer):
+        class Meta:
+            ref_name = "IdempotencyKey"
+
         key = serializers.CharField()
         status = serializers.CharField()
         created_at = serializers.DateTimeField()
         expires_at = serializers.DateTimeField()
-        response_status = serializers.IntegerField(allow_null=True)
+        response_status = serializers.IntegerField(
+            required=False,
+            allow_null=True,
+            help_text="The stored answer's status; present once finished.",
+        )
 
+    @extend_schema(responses={200: OutputSerializer})
     def get(self, request: Request, key: str) -> Response:
         record = (
             IdempotencyRecord.objects.filter(

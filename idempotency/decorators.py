@@ -85,6 +85,12 @@ def idempotent(
                 return run(None)
             return execute(call, run, phased=phased)
 
+        # Read by the OpenAPI schema (ledger.openapi) to document the header.
+        wrapper.idempotency = {  # type: ignore[attr-defined]
+            "endpoint": endpoint,
+            "default": default,
+            "phased": phased,
+        }
         return wrapper
 
     return decorate

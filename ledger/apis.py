@@ -1,4 +1,5 @@
 from django.conf import settings
+from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serializer
 from rest_framework import serializers
 from rest_framework.pagination import CursorPagination
 from rest_framework.request import Request
@@ -11,11 +12,15 @@ from .services import wallet_get_or_create
 
 class AccountMeApi(APIView):
     class OutputSerializer(serializers.Serializer):
+        class Meta:
+            ref_name = "Account"
+
         id = serializers.IntegerField()
         currency = serializers.CharField()
         balance = serializers.IntegerField()
         version = serializers.IntegerField()
 
+    @extend_schema(responses={200: OutputSerializer})
     def get(self, request: Request) -> Response:
         wallet = wallet_get_or_create(
             user=request.user, currency=settings.LEDGER_DEFAULT_CURRENCY
@@ -32,6 +37,9 @@ class NewestFirst(CursorPagination):
 
 class AccountEntriesApi(APIView):
     class OutputSerializer(serializers.Serializer):
+        class Meta:
+            ref_name = "Posting"
+
         id = serializers.IntegerField()
         entry_id = serializers.IntegerField()
         kind = serializers.CharField(source="entry.kind")
@@ -40,6 +48,24 @@ class AccountEntriesApi(APIView):
         description = serializers.CharField(source="entry.description")
         created_at = serializers.DateTimeField(source="entry.created_at")
 
+    PageSerializer = inline_serializer(
+        "EntriesPage",
+        {
+            "next": serializers.URLField(allow_null=True),
+            "previous": serializers.URLField(allow_null=True),
+            "results": OutputSerializer(many=True),
+        },
+    )
+
+    @extend_schema(
+        parameters=[
+            OpenApiParameter("cursor", str, description="From `next`/`previous`."),
+            OpenApiParameter(
+                "page_size", int, description=f"At most {NewestFirst.max_page_size}."
+            ),
+        ],
+        responses={200: PageSerializer},
+    )
     def get(self, request: Request) -> Response:
         wallet = wallet_get_or_create(
             user=request.user, currency=settings.LEDGER_DEFAULT_CURRENCY

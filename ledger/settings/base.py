@@ -257,3 +257,7 @@ CELERY_BEAT_SCHEDULE["payments-purge-expired-nonces"] = {
     "task": "payments.tasks.purge_expired_nonces",
     "schedule": 600.0,
 }
+
+# Operations: the OpenAPI schema documents Idempotency-Key and every problem+json code
+# (ledger.openapi).
+REST_FRAMEWORK["DEFAULT_SCHEMA_CLASS"] = "ledger.openapi.LedgerAutoSchema"

@@ -1,0 +1,211 @@
+"""OpenAPI: the idempotency contract and every problem+json answer, in the schema.
+
+`LedgerAutoSchema` (the DRF `DEFAULT_SCHEMA_CLASS`) documents, for every operation,
+without each view repeating it:
+
+- on each method decorated with `@idempotent(...)`: the `Idempotency-Key` request
+  header (required unless the endpoint's mode is "optional"), the
+  `Idempotent-Replayed` response header, `Retry-After` on 409/503 and the engine's
+  refusals (400 missing/invalid key, 409 in flight, 422 reused, 503 unavailable);
+- the error responses an API operation can give (401, 404 on paths with parameters,
+  400/409/422 on writes), each `application/problem+json` with the `Problem`
+  component, whose `code` enumerates every stable code the app can answer with.
+
+A new endpoint needs nothing more than `@idempotent` (and `@extend_schema` for its
+request and success body). `problems(InsufficientFunds, ...)` adds its domain errors
+with their status and code to an `@extend_schema(responses=...)` when an endpoint
+wants them spelled out; `IDEMPOTENCY_KEY` is the header parameter itself.
+"""
+
+import importlib
+from collections import defaultdict
+from typing import Any
+
+from django.conf import settings
+from drf_spectacular.openapi import AutoSchema
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse
+from rest_framework import serializers
+
+from .exceptions import DomainError
+from .problems import _DRF_CODES, PROBLEM_CONTENT_TYPE
+
+IDEMPOTENCY_KEY = OpenApiParameter(
+    "Idempotency-Key",
+    str,
+    OpenApiParameter.HEADER,
+    required=True,
+    description=(
+        "1 to 255 printable ASCII characters, one new key per intended write (a UUID "
+        "is ideal). The same key with the same request replays the stored answer; "
+        "with a different request it is refused (422 idempotency_key_reused)."
+    ),
+)
+IDEMPOTENT_REPLAYED = OpenApiParameter(
+    "Idempotent-Replayed",
+    str,
+    OpenApiParameter.HEADER,
+    enum=["true"],
+    response=True,
+    description="Present when this answer is the stored answer to an earlier "
+    "request with the same key, returned byte for byte.",
+)
+RETRY_AFTER = OpenApiParameter(
+    "Retry-After",
+    int,
+    OpenApiParameter.HEADER,
+    response=[409, 503],
+    description="Seconds to wait before retrying with the same key "
+    "(sent with idempotency_key_in_flight and idempotency_unavailable).",
+)
+
+# Codes the idempotency layer itself answers with (only on idempotent operations).
+IDEMPOTENCY_CODES = {
+    "idempotency_key_missing",
+    "idempotency_key_invalid",
+    "idempotency_key_in_flight",
+    "idempotency_key_reused",
+    "idempotency_unavailable",
+}
+# Codes rendered outside DRF's exception handler (ledger.problems views).
+EXTRA_CODES = {"not_found": 404, "internal_error": 500, "bad_request": 400}
+
+
+def _subclasses(cls: type) -> list[type]:
+    found = []
+    for sub in cls.__subclasses__():
+        found += [sub, *_subclasses(sub)]
+    return found
+
+
+def problem_codes() -> dict[str, int]:
+    """Every stable `code` the app answers with, and its HTTP status."""
+    for app in ("ledger", "idempotency", "orders", "payments"):
+        try:  # register every app's domain errors
+            importlib.import_module(f"{app}.exceptions")
+        except ModuleNotFoundError:
+            continue
+    codes = dict(EXTRA_CODES)
+    for cls, (code, _title) in _DRF_CODES.items():
+        codes[code] = int(cls.status_code)
+    for error in _subclasses(DomainError):
+        codes[error.code] = error.status
+    return dict(sorted(codes.items()))
+
+
+def codes_by_status() -> dict[int, list[str]]:
+    by_status: dict[int, list[str]] = defaultdict(list)
+    for code, status in problem_codes().items():
+        by_status[status].append(code)
+    return by_status
+
+
+class ProblemSerializer(serializers.Serializer):
+    """RFC 9457 problem details, with a stable machine-readable `code`."""
+
+    type = serializers.CharField(help_text="`/problems/<code>`.")
+    title = serializers.CharField()
+    status = serializers.IntegerField()
+    detail = serializers.CharField()
+    code = serializers.ChoiceField(
+        choices=[], help_text="Stable and machine-readable; decide on this."
+    )
+    errors = serializers.JSONField(
+        required=False, help_text="validation_error: the invalid fields and why."
+    )
+    fields = serializers.ListField(
+        child=serializers.CharField(),
+        required=False,
+        help_text="idempotency_key_reused: the top-level fields that differ.",
+    )
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.fields["code"].choices = list(problem_codes())  # type: ignore[attr-defined]
+
+
+def _description(status: int, codes: list[str]) -> str:
+    listed = ", ".join(f"`{code}`" for code in codes)
+    return f"Problem details; `code` is one of {listed}."
+
+
+def problems(*errors: type[DomainError]) -> dict[Any, OpenApiResponse]:
+    """`@extend_schema(responses={...})` entries for these domain errors."""
+    by_status: dict[int, list[str]] = defaultdict(list)
+    for error in errors:
+        by_status[error.status].append(error.code)
+    return {
+        (status, PROBLEM_CONTENT_TYPE): OpenApiResponse(
+            ProblemSerializer, description=_description(status, sorted(codes))
+        )
+        for status, codes in sorted(by_status.items())
+    }
+
+
+class LedgerAutoSchema(AutoSchema):
+    def idempotency_mode(self) -> str | None:
+        """ "required"/"optional" for an `@idempotent` method, else None."""
+        method = getattr(self.view, self.method.lower(), None)
+        marker = getattr(method, "idempotency", None)
+        if marker is None:
+            return None
+        mode = settings.IDEMPOTENCY_ENDPOINTS.get(marker["endpoint"], marker["default"])
+        return None if mode == "off" else mode
+
+    def get_override_parameters(self) -> list[Any]:
+        parameters = list(super().get_override_parameters())
+        mode = self.idempotency_mode()
+        if mode is not None:
+            key = IDEMPOTENCY_KEY
+            if mode != "required":
+                key = OpenApiParameter(
+                    key.name,
+                    str,
+                    key.location,
+                    required=False,
+                    description=f"Optional here. {key.description}",
+                )
+            parameters += [key, IDEMPOTENT_REPLAYED, RETRY_AFTER]
+        return parameters
+
+    def error_statuses(self) -> dict[int, list[str]]:
+        """The problem responses this operation can give, with their codes."""
+        by_status = codes_by_status()
+        idempotent = self.idempotency_mode() is not None
+        writes = self.method in ("POST", "PUT", "PATCH", "DELETE")
+        # 401 everywhere: a bad token is refused even where no token is needed,
+        # and the provider's callback answers 401 to a bad signature.
+        wanted = {401, 400} if writes or idempotent else {401}
+        if "{" in self.path:
+            wanted.add(404)
+        if writes:
+            wanted |= {409, 422}
+        if idempotent:
+            wanted |= {409, 422, 503}
+        if not (writes or idempotent):
+            wanted.discard(400)
+        result = {}
+        for status in sorted(wanted):
+            codes = [
+                code
+                for code in by_status.get(status, [])
+                if idempotent or code not in IDEMPOTENCY_CODES
+            ]
+            if not writes:
+                codes = [c for c in codes if c not in ("validation_error",)]
+            if codes:
+                result[status] = codes
+        return result
+
+    def _get_response_bodies(self, direction: str = "response") -> dict[str, Any]:
+        responses = super()._get_response_bodies(direction)  # type: ignore[arg-type]
+        if not self.path.startswith("/api/v1/"):
+            return responses
+        for status, codes in self.error_statuses().items():
+            if str(status) in responses:
+                continue
+            response = self._get_response_for_code(
+                ProblemSerializer, str(status), (PROBLEM_CONTENT_TYPE,), direction
+            )
+            response["description"] = _description(status, codes)
+            responses[str(status)] = response
+        return dict(sorted(responses.items()))
