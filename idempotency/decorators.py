@@ -22,15 +22,25 @@ from typing import Any
 
 from django.conf import settings
 from django.http import HttpResponse
+from rest_framework.authtoken.models import Token
 from rest_framework.request import Request
 from rest_framework.views import APIView
 
 from . import metrics
 from .engine import Call, Phases, execute
 from .exceptions import IdempotencyKeyInvalid, IdempotencyKeyMissing
+from .fastpath import credential_digest
 from .fingerprint import fingerprint, key_is_valid
 
 HEADER = "Idempotency-Key"
+
+
+def _token_credential(request: Request) -> str:
+    """The digest the replay middleware will look the caller up by: only for a request
+    DRF authenticated with an API token, and from that token, never from raw input."""
+    if isinstance(request.auth, Token):
+        return credential_digest(f"Token {request.auth.key}")
+    return ""
 
 
 def describe(request: Request, endpoint: str, default: str = "required") -> Call | None:
@@ -54,6 +64,7 @@ def describe(request: Request, endpoint: str, default: str = "required") -> Call
         path=request.path,
         fingerprint=digest,
         fields=fields,
+        credential=_token_credential(request),
     )
 
 

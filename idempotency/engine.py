@@ -59,6 +59,9 @@ class Call:
     path: str
     fingerprint: str
     fields: dict[str, str]
+    # A digest of the caller's credential, so the replay middleware can find `scope`
+    # without authenticating; '' when the caller did not use an API token.
+    credential: str = ""
 
 
 @dataclass
@@ -288,7 +291,16 @@ def execute(call: Call, run: Run, *, phased: bool = False) -> HttpResponse:
             response, stored = _execute_atomic(call, run, fast, started)
         return response
     finally:
-        fastpath.finish(fast, stored, settings.IDEMPOTENCY_REPLAY_CACHE_SECONDS * 1000)
+        cache_seconds = min(
+            settings.IDEMPOTENCY_REPLAY_CACHE_SECONDS, settings.IDEMPOTENCY_TTL_SECONDS
+        )
+        fastpath.finish(
+            fast,
+            stored,
+            cache_seconds * 1000,
+            scope=call.scope,
+            credential=call.credential,
+        )
 
 
 def _execute_atomic(

@@ -31,13 +31,28 @@ if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return {2} end
 return {3}
 """
 
-# KEYS: lock, response. ARGV: token, response or '', cache ms.
-# Only the holder deletes the lock: one whose lease ran out must not free a successor's.
+# KEYS: lock, response, credential. ARGV: token, response or '', cache ms, scope,
+# credential ms. Only the holder deletes the lock: one whose lease ran out must not
+# free a successor's. The credential entry lets `peek` find this caller's scope.
 _FINISH = """
 if ARGV[2] ~= '' then redis.call('SET', KEYS[2], ARGV[2], 'PX', ARGV[3]) end
 if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('DEL', KEYS[1]) end
+if KEYS[3] ~= '' then redis.call('SET', KEYS[3], ARGV[4], 'PX', ARGV[5]) end
 return 1
 """
+
+# KEYS: credential. ARGV: key hash. The caller's cached response, or nil.
+# (It names a second key from the first's value, which a Redis Cluster would refuse;
+# this project runs a single Redis, where one round trip is the point.)
+_PEEK = """
+local scope = redis.call('GET', KEYS[1])
+if not scope then return false end
+return redis.call('GET', 'idem:resp:' .. scope .. ':' .. ARGV[1])
+"""
+
+# How long a credential → scope entry lives: the bound on how long a revoked API token
+# could still read replays of its own finished requests.
+CREDENTIAL_MS = 60_000
 
 
 @dataclass(frozen=True)
@@ -77,15 +92,30 @@ class FastPath:
 
 
 @cache
-def _scripts(client: redis_lib.Redis) -> tuple[Script, Script]:
-    """Both scripts, sent by SHA (EVALSHA) after the first call on a server."""
-    return client.register_script(_BEGIN), client.register_script(_FINISH)
+def _scripts(client: redis_lib.Redis) -> tuple[Script, Script, Script]:
+    """The scripts, sent by SHA (EVALSHA) after the first call on a server."""
+    return (
+        client.register_script(_BEGIN),
+        client.register_script(_FINISH),
+        client.register_script(_PEEK),
+    )
+
+
+def _key_hash(key: str) -> str:
+    # Keys may be 255 characters of anything printable: hash them into a fixed shape.
+    return hashlib.sha256(key.encode()).hexdigest()[:40]
 
 
 def _names(scope: str, key: str) -> tuple[str, str]:
-    # Keys may be 255 characters of anything printable: hash them into a fixed shape.
-    digest = hashlib.sha256(f"{scope}\x00{key}".encode()).hexdigest()[:40]
-    return f"idem:lock:{digest}", f"idem:resp:{digest}"
+    digest = _key_hash(key)
+    return f"idem:lock:{scope}:{digest}", f"idem:resp:{scope}:{digest}"
+
+
+def credential_digest(authorization: str | None) -> str:
+    """A digest of an `Authorization: Token ...` header; '' for anything else."""
+    if not authorization or not authorization.startswith("Token "):
+        return ""
+    return hashlib.sha256(authorization.encode()).hexdigest()[:40]
 
 
 def begin(scope: str, key: str, lease_ms: int) -> FastPath:
@@ -99,7 +129,7 @@ def begin(scope: str, key: str, lease_ms: int) -> FastPath:
         return FastPath(available=False)
     lock_key, response_key = _names(scope, key)
     token = secrets.token_hex(8)
-    begin_script, _ = _scripts(client)
+    begin_script, _, _ = _scripts(client)
     reply: Any = begin_script(keys=[lock_key, response_key], args=[token, lease_ms])
     fast = FastPath(
         available=True, token=token, lock_key=lock_key, response_key=response_key
@@ -113,16 +143,38 @@ def begin(scope: str, key: str, lease_ms: int) -> FastPath:
     return fast
 
 
-def finish(fast: FastPath, stored: StoredResponse | None, cache_ms: int) -> None:
+def finish(
+    fast: FastPath,
+    stored: StoredResponse | None,
+    cache_ms: int,
+    *,
+    scope: str = "",
+    credential: str = "",
+) -> None:
     """Cache the finished response (if any) and release our lock; best effort."""
     client = get_redis()
     if client is None or not fast.available or not (fast.locked or stored):
         return
     payload = stored.dumps() if stored else ""
     # On a Redis error the lock expires by itself; the database holds the response.
-    _, finish_script = _scripts(client)
+    _, finish_script, _ = _scripts(client)
+    credential_key = f"idem:cred:{credential}" if stored and credential else ""
     with contextlib.suppress(redis_lib.RedisError):
         finish_script(
-            keys=[fast.lock_key, fast.response_key],
-            args=[fast.token, payload, cache_ms],
+            keys=[fast.lock_key, fast.response_key, credential_key],
+            args=[fast.token, payload, cache_ms, scope, CREDENTIAL_MS],
         )
+
+
+def peek(credential: str, key: str) -> StoredResponse | None:
+    """The cached finished response for this credential's key, in one round trip;
+    None when anything is missing (the caller then takes the ordinary path)."""
+    client = get_redis()
+    if client is None or not credential:
+        return None
+    _, _, peek_script = _scripts(client)
+    try:
+        raw = peek_script(keys=[f"idem:cred:{credential}"], args=[_key_hash(key)])
+    except redis_lib.RedisError:
+        return None
+    return StoredResponse.loads(raw) if raw else None

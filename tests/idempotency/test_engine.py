@@ -245,3 +245,31 @@ def test_metrics_expose_the_outcomes(alice, key, client):
     for outcome in ("executed", "replayed", "in_flight", "reused", "missing"):
         assert f'idempotency_requests_total{{outcome="{outcome}"}}' in text
     assert "idempotency_lock_wait_seconds_bucket" in text
+
+
+def test_a_cached_replay_is_answered_before_django_runs(
+    alice, key, django_assert_num_queries
+):
+    first = alice.post(DEPOSITS, {"amount": 5}, key)
+    before = counted("replayed")
+    with django_assert_num_queries(0):  # not even the token lookup
+        again = alice.post(DEPOSITS, {"amount": 5}, key)
+    assert again.content == first.content and again["Idempotent-Replayed"] == "true"
+    assert again["Location"] == first["Location"]
+    assert counted("replayed") == before + 1
+    assert alice.deposits() == 1
+
+
+def test_the_shortcut_never_answers_another_token_or_request(alice, bob, key):
+    alice.post(DEPOSITS, {"amount": 5}, key)
+    # Bob's token maps to Bob's scope: his request with Alice's key runs for him.
+    assert "Idempotent-Replayed" not in bob.post(DEPOSITS, {"amount": 5}, key)
+    # An unknown token is never answered from the cache: DRF refuses it.
+    stranger = alice.client()
+    stranger.credentials(HTTP_AUTHORIZATION="Token not-a-real-token")
+    refused = alice.post(DEPOSITS, {"amount": 5}, key, stranger)
+    assert_problem(refused, 401, "authentication_failed")
+    # Another body under the same key falls through to the engine's 422.
+    assert_problem(
+        alice.post(DEPOSITS, {"amount": 6}, key), 422, "idempotency_key_reused"
+    )
