@@ -39,7 +39,8 @@ lint: install-dev
 
 test: install-dev lint
 	$(BIN)/pytest
-	LEDGER_TEST_DB=sqlite $(BIN)/pytest tests/ledger
+	LEDGER_TEST_DB=sqlite $(BIN)/pytest tests/ledger tests/idempotency/test_engine.py \
+		tests/idempotency/test_concurrency.py tests/idempotency/test_housekeeping.py
 
 # Prints figures; needs PostgreSQL and Redis on 127.0.0.1 (not part of `make test`).
 bench: install-dev

@@ -48,3 +48,9 @@ def key() -> str:
 @pytest.fixture
 def no_redis(settings):
     settings.REDIS_URL = ""
+
+
+@pytest.fixture
+def needs_redis(settings):
+    if not settings.REDIS_URL:
+        pytest.skip("needs Redis (the embedded SQLite mode runs without it)")

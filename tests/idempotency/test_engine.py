@@ -69,7 +69,7 @@ def test_retry_replays_the_first_response_byte_for_byte(alice, key, both_paths):
     assert (record.status, record.response_status) == ("succeeded", 201)
 
 
-def test_replay_comes_from_the_database_when_redis_forgot(alice, key):
+def test_replay_comes_from_the_database_when_redis_forgot(alice, key, needs_redis):
     first = alice.post(DEPOSITS, {"amount": 5}, key)
     get_redis().flushdb()
     again = alice.post(DEPOSITS, {"amount": 5}, key)
@@ -166,7 +166,7 @@ def test_key_status_endpoint(alice, bob, key):
     )
 
 
-def test_an_expired_key_is_forgotten(alice, key):
+def test_an_expired_key_is_forgotten(alice, key, needs_redis):
     alice.post(DEPOSITS, {"amount": 5}, key)
     IdempotencyRecord.objects.filter(key=key).update(expires_at=timezone.now())
     get_redis().flushdb()
@@ -248,7 +248,7 @@ def test_metrics_expose_the_outcomes(alice, key, client):
 
 
 def test_a_cached_replay_is_answered_before_django_runs(
-    alice, key, django_assert_num_queries
+    alice, key, django_assert_num_queries, needs_redis
 ):
     first = alice.post(DEPOSITS, {"amount": 5}, key)
     before = counted("replayed")
