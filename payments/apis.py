@@ -9,6 +9,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from idempotency.decorators import idempotent
+from idempotency.engine import Phases
 from orders.apis import IDEMPOTENCY_KEY
 from orders.fields import (
     MAX_AMOUNT,
@@ -19,8 +20,15 @@ from orders.fields import (
 from orders.selectors import order_get
 
 from .models import Payment
+from .provider_client import provider_charge_create
 from .selectors import payment_get
-from .services import payment_create, payment_refund, provider_event_receive
+from .services import (
+    payment_create,
+    payment_provider_start,
+    payment_record_charge,
+    payment_refund,
+    provider_event_receive,
+)
 from .signatures import HEADER, signature_verify
 
 
@@ -33,9 +41,15 @@ class PaymentOutputSerializer(serializers.Serializer):
     status = serializers.CharField()
     created_at = serializers.DateTimeField()
     succeeded_at = serializers.DateTimeField()
+    provider_txn_id = serializers.CharField()
+    pay_url = serializers.CharField()
 
 
 class OrderPayApi(APIView):
+    """Pay an order. `balance` is one transaction (the engine's atomic mode);
+    `provider` calls outside, so it runs in phases with recovery points: a retry
+    after a crash resumes where the first attempt stopped."""
+
     class InputSerializer(StrictInputSerializer):
         class Meta:
             ref_name = "OrderPayInput"
@@ -47,13 +61,55 @@ class OrderPayApi(APIView):
         responses={201: PaymentOutputSerializer},
         parameters=[IDEMPOTENCY_KEY],
     )
-    @idempotent("orders.pay")
     def post(self, request: Request, merchant_order_no: str) -> Response:
+        try:
+            data = request.data
+        except exceptions.ParseError:
+            data = None  # the balance path refuses it, under the engine
+        if isinstance(data, dict) and data.get("method") == Payment.Method.PROVIDER:
+            return self.pay_with_provider(request, merchant_order_no)
+        return self.pay_with_balance(request, merchant_order_no)
+
+    def _input(self, request: Request, merchant_order_no: str):
         serializer = self.InputSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
         order = order_get(owner=request.user, merchant_order_no=merchant_order_no)
-        payment = payment_create(
-            order_id=order.pk, method=serializer.validated_data["method"]
+        return order, serializer.validated_data["method"]
+
+    @idempotent("orders.pay")
+    def pay_with_balance(self, request: Request, merchant_order_no: str) -> Response:
+        order, method = self._input(request, merchant_order_no)
+        payment = payment_create(order_id=order.pk, method=method)
+        return Response(
+            PaymentOutputSerializer(payment).data, status=status.HTTP_201_CREATED
+        )
+
+    @idempotent("orders.pay", phased=True)
+    def pay_with_provider(
+        self, request: Request, merchant_order_no: str, idem: Phases
+    ) -> Response:
+        order, _ = self._input(request, merchant_order_no)
+        if idem.recovery_point == "started":
+            with idem.phase("payment_created"):
+                idem.data["payment_id"] = payment_provider_start(order_id=order.pk).pk
+        if idem.recovery_point == "payment_created":
+            # Outside any transaction, no row locks held; the merchant order number
+            # is the provider's idempotency key, so a resumed request gets the
+            # same transaction back instead of a second charge.
+            charge = provider_charge_create(
+                merchant_order_no=order.merchant_order_no,
+                amount=order.amount,
+                currency=order.currency,
+                description=order.description,
+            )
+            with idem.phase("provider_answered"):
+                payment_record_charge(
+                    payment_id=idem.data["payment_id"],
+                    provider_txn_id=charge.txn_id,
+                    pay_url=charge.pay_url,
+                )
+        payment = Payment.objects.select_related("order").get(
+            pk=idem.data["payment_id"]
         )
         return Response(
             PaymentOutputSerializer(payment).data, status=status.HTTP_201_CREATED

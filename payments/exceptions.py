@@ -54,3 +54,17 @@ class CallbackMismatch(DomainError):
         "The callback's order, amount or provider transaction does not match a "
         "payment of ours."
     )
+
+
+class ProviderUnavailable(DomainError):
+    status = 503
+    code = "provider_unavailable"
+    title = "Payment provider unavailable"
+    default_detail = "The payment provider did not answer; retry with the same key."
+
+
+class ProviderRefused(DomainError):
+    status = 502
+    code = "provider_refused"
+    title = "Payment provider refused"
+    default_detail = "The payment provider refused this charge."

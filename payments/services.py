@@ -85,15 +85,55 @@ def payment_pay_with_balance(*, order_id: int) -> Payment:
 
 
 def payment_create(*, order_id: int, method: str) -> Payment:
-    """Pay an order with `method`."""
+    """Pay an order with `method` in one transaction: only the balance can.
+
+    A provider payment needs a call outside between its steps; the pay API runs it
+    in phases (`payment_provider_start`, the provider call, `payment_record_charge`).
+    """
     if method == Payment.Method.BALANCE:
         return payment_pay_with_balance(order_id=order_id)
-    # `provider` (a pending payment with a pay_url, settled by the provider's signed
-    # callback) belongs to the payment-provider issue; until it lands the method is
-    # refused with a clear 422 rather than half-implemented.
     raise PaymentMethodUnavailable(
-        f"Payment method {method!r} is not available yet; pay with balance."
+        f"Payment method {method!r} takes more than one step; use the pay API."
     )
+
+
+def payment_provider_start(*, order_id: int) -> Payment:
+    """Open the order's pending provider payment, or return the one it has.
+
+    Under the order's row lock: refuse a paid or cancelled order; one pending
+    provider payment per order (a second pay request, under another key, continues
+    the first one instead of opening a second charge).
+    """
+    with transaction.atomic():
+        order = Order.objects.select_for_update().get(pk=order_id)
+        if order.status in PAID_STATES:
+            raise OrderAlreadyPaid()
+        if order.status == Order.Status.CANCELLED:
+            raise OrderNotPayable()
+        pending = Payment.objects.filter(
+            order=order,
+            method=Payment.Method.PROVIDER,
+            status=Payment.Status.PENDING,
+        ).first()
+        if pending is not None:
+            return pending
+        return Payment.objects.create(
+            order=order,
+            method=Payment.Method.PROVIDER,
+            amount=order.amount,
+            currency=order.currency,
+        )
+
+
+def payment_record_charge(
+    *, payment_id: int, provider_txn_id: str, pay_url: str
+) -> Payment:
+    """Record the provider's transaction and pay page on the payment (once: a
+    recorded transaction is never overwritten)."""
+    Payment.objects.filter(pk=payment_id, provider_txn_id="").update(
+        provider_txn_id=provider_txn_id, pay_url=pay_url, updated_at=timezone.now()
+    )
+    return Payment.objects.get(pk=payment_id)
 
 
 def refund_reference(payment: Payment) -> str:

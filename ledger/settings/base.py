@@ -249,7 +249,8 @@ ORDER_UNPAID_EXPIRY_SECONDS = env_int("ORDER_UNPAID_EXPIRY_SECONDS", 86400)
 PROVIDER_CALLBACK_URL = env(
     "PROVIDER_CALLBACK_URL", f"http://127.0.0.1:{_PORT}/api/v1/payments/callback"
 )
-PROVIDER_PUBLIC_URL = env("PROVIDER_PUBLIC_URL", PAYMENT_PROVIDER_URL)
+# The pay page's public origin; empty: the origin the charge request came to.
+PROVIDER_PUBLIC_URL = env("PROVIDER_PUBLIC_URL")
 PROVIDER_RETRY_SCHEDULE = [15, 15, 30, 180, 600, 1200, 1800, 3600, 7200]
 PROVIDER_RETRY_SCALE = float(env("PROVIDER_RETRY_SCALE", "1"))
 PROVIDER_DEDUPE_WINDOW_SECONDS = env_int("PROVIDER_DEDUPE_WINDOW_SECONDS", 86400)
@@ -263,3 +264,4 @@ CELERY_BEAT_SCHEDULE["payments-purge-expired-nonces"] = {
 # Operations: the OpenAPI schema documents Idempotency-Key and every problem+json code
 # (ledger.openapi).
 REST_FRAMEWORK["DEFAULT_SCHEMA_CLASS"] = "ledger.openapi.LedgerAutoSchema"
+INSTALLED_APPS += ["payments.provider"]

@@ -82,15 +82,6 @@ def test_cancelled_order_is_not_payable():
     assert_problem(pay(client, order), 409, "order_not_payable")
 
 
-def test_provider_method_answers_unavailable_for_now():
-    user, client, wallet = customer("alice", balance=5000)
-    order = place_order(user)
-    assert_problem(
-        pay(client, order, {"method": "provider"}), 422, "payment_method_unavailable"
-    )
-    assert balance(wallet) == 5000
-
-
 @pytest.mark.parametrize(
     "body",
     [

@@ -73,7 +73,7 @@ def test_a_cancelled_order_cannot_be_paid():
     assert balance(wallet) == 5000
 
 
-def test_provider_method_is_not_available_yet():
+def test_provider_method_needs_the_phased_pay_api():
     user, _, wallet = customer("alice", balance=5000)
     order = place_order(user)
     with pytest.raises(PaymentMethodUnavailable):

@@ -1,0 +1,126 @@
+"""The simulator's state changes."""
+
+import json
+import secrets
+from datetime import timedelta
+
+import httpx
+from django.conf import settings
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+
+from ledger.exceptions import DomainError
+from payments.signatures import sign
+
+from .models import Charge, Notification
+
+
+class ChargeConflict(DomainError):
+    status = 409
+    code = "provider_charge_conflict"
+    title = "Charge conflicts with an earlier one"
+
+
+def charge_create(
+    *, merchant_order_no: str, amount: int, currency: str, description: str = ""
+) -> tuple[Charge, bool]:
+    """Open a charge, or return the one this merchant order number already has.
+
+    Within the dedupe window the same request gets the same transaction back (the
+    merchant's retry); a different amount, or a number reused after the window, is a
+    conflict. The unique merchant order number settles concurrent duplicates.
+    """
+    existing = Charge.objects.filter(merchant_order_no=merchant_order_no).first()
+    if existing is None:
+        try:
+            with transaction.atomic():
+                return (
+                    Charge.objects.create(
+                        txn_id=f"P{secrets.token_hex(12)}",
+                        merchant_order_no=merchant_order_no,
+                        amount=amount,
+                        currency=currency,
+                        description=description,
+                    ),
+                    True,
+                )
+        except IntegrityError:
+            existing = Charge.objects.get(merchant_order_no=merchant_order_no)
+    window = timedelta(seconds=settings.PROVIDER_DEDUPE_WINDOW_SECONDS)
+    if existing.created_at < timezone.now() - window:
+        raise ChargeConflict("This merchant order number was used long ago.")
+    if (existing.amount, existing.currency) != (amount, currency):
+        raise ChargeConflict("This merchant order number was charged another amount.")
+    return existing, False
+
+
+def charge_settle(*, txn_id: str, outcome: str) -> Charge:
+    """The payer confirmed (SUCCESS) or declined (FAILED) on the pay page.
+
+    Only a pending charge moves (a conditional update); the move creates the one
+    notification the merchant is owed and enqueues its delivery after commit.
+    """
+    from .tasks import notification_deliver_task
+
+    if outcome not in (Charge.Status.SUCCESS, Charge.Status.FAILED):
+        raise ValueError(outcome)
+    with transaction.atomic():
+        moved = Charge.objects.filter(
+            txn_id=txn_id, status=Charge.Status.PENDING
+        ).update(status=outcome, settled_at=timezone.now())
+        charge = Charge.objects.get(txn_id=txn_id)
+        if moved:
+            note = Notification.objects.create(
+                charge=charge, event_id=f"{txn_id}-{outcome}"
+            )
+            transaction.on_commit(lambda: notification_deliver_task.delay(note.pk))
+    return charge
+
+
+def notification_body(note: Notification) -> bytes:
+    charge = note.charge
+    return json.dumps(
+        {
+            "event_id": note.event_id,
+            "merchant_order_no": charge.merchant_order_no,
+            "provider_txn_id": charge.txn_id,
+            "status": charge.status,
+            "amount": charge.amount,
+        }
+    ).encode()
+
+
+def notification_deliver(*, notification_id: int) -> bool:
+    """POST the callback, freshly signed; True once the merchant answered 200.
+
+    Never inside a transaction: the HTTP call may hang. With
+    `PROVIDER_DELIVER_TWICE` the same event goes out a second time on purpose.
+    """
+    note = Notification.objects.select_related("charge").get(pk=notification_id)
+    if note.delivered_at is not None:
+        return True
+    body = notification_body(note)
+    times = 2 if settings.PROVIDER_DELIVER_TWICE else 1
+    status = 0
+    for _ in range(times):
+        header = sign(secret=settings.PAYMENT_PROVIDER_SECRET, body=body)
+        try:
+            status = httpx.post(
+                settings.PROVIDER_CALLBACK_URL,
+                content=body,
+                headers={
+                    "Content-Type": "application/json",
+                    "X-Provider-Signature": header,
+                },
+                timeout=10,
+            ).status_code
+        except httpx.HTTPError:
+            status = 0
+        if status != 200:
+            break
+    Notification.objects.filter(pk=note.pk).update(
+        attempts=note.attempts + 1,
+        last_status=status,
+        delivered_at=timezone.now() if status == 200 else None,
+    )
+    return status == 200

@@ -1,0 +1,13 @@
+from django.urls import path
+
+from . import views
+
+urlpatterns = [
+    path("charges", views.ChargeCreateApi.as_view(), name="provider-charges"),
+    path(
+        "charges/<str:merchant_order_no>",
+        views.ChargeDetailApi.as_view(),
+        name="provider-charge-detail",
+    ),
+    path("pay/<str:txn_id>", views.pay_page, name="provider-pay"),
+]

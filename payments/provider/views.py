@@ -1,0 +1,95 @@
+"""The simulator's HTTP face: a merchant API and a server-rendered pay page."""
+
+import hmac
+
+from django.conf import settings
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.shortcuts import get_object_or_404, render
+from django.urls import reverse
+from django.views.decorators.http import require_http_methods
+from rest_framework import exceptions, serializers
+from rest_framework.permissions import AllowAny
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from orders.fields import MAX_AMOUNT, StrictCharField, StrictIntegerField
+
+from .models import Charge
+from .services import charge_create, charge_settle
+
+SECRET_HEADER = "X-Merchant-Secret"  # noqa: S105 - a header name
+
+
+def charge_data(charge: Charge, request: HttpRequest) -> dict:
+    path = reverse("provider-pay", args=[charge.txn_id])
+    base = settings.PROVIDER_PUBLIC_URL
+    return {
+        "txn_id": charge.txn_id,
+        "merchant_order_no": charge.merchant_order_no,
+        "amount": charge.amount,
+        "currency": charge.currency,
+        "status": charge.status,
+        "pay_url": f"{base}{path}" if base else request.build_absolute_uri(path),
+    }
+
+
+class _MerchantApi(APIView):
+    authentication_classes: list = []
+    permission_classes = [AllowAny]
+
+    def initial(self, request: Request, *args, **kwargs) -> None:
+        super().initial(request, *args, **kwargs)
+        given = request.headers.get(SECRET_HEADER, "")
+        if not hmac.compare_digest(
+            given.encode(), settings.PAYMENT_PROVIDER_SECRET.encode()
+        ):
+            raise exceptions.AuthenticationFailed("Unknown merchant.")
+
+
+class ChargeCreateApi(_MerchantApi):
+    class InputSerializer(serializers.Serializer):
+        class Meta:
+            ref_name = "ProviderChargeInput"
+
+        merchant_order_no = StrictCharField(max_length=64)
+        amount = StrictIntegerField(min_value=1, max_value=MAX_AMOUNT)
+        currency = StrictCharField(min_length=3, max_length=3)
+        description = StrictCharField(
+            max_length=255, required=False, default="", allow_blank=True
+        )
+
+    def post(self, request: Request) -> Response:
+        serializer = self.InputSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        charge, created = charge_create(**serializer.validated_data)
+        return Response(charge_data(charge, request), status=201 if created else 200)
+
+
+class ChargeDetailApi(_MerchantApi):
+    def get(self, request: Request, merchant_order_no: str) -> Response:
+        charge = get_object_or_404(Charge, merchant_order_no=merchant_order_no)
+        return Response(charge_data(charge, request))
+
+
+@require_http_methods(["GET", "POST"])
+def pay_page(request: HttpRequest, txn_id: str) -> HttpResponse:
+    """The payer's page: the charge, and Confirm / Decline (Post-Redirect-Get)."""
+    charge = get_object_or_404(Charge, txn_id=txn_id)
+    if request.method == "POST":
+        action = request.POST.get("action")
+        if action in ("confirm", "decline") and charge.status == Charge.Status.PENDING:
+            charge_settle(
+                txn_id=txn_id,
+                outcome=Charge.Status.SUCCESS
+                if action == "confirm"
+                else Charge.Status.FAILED,
+            )
+        response = HttpResponseRedirect(request.path)
+        response.status_code = 303
+        return response
+    return render(
+        request,
+        "provider/pay.html",
+        {"charge": charge},
+    )

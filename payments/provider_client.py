@@ -1,0 +1,87 @@
+"""Our side of the provider: a small HTTP client, never called inside a transaction.
+
+The merchant order number travels as the provider's idempotency key, so a retried
+charge request (ours, or a resumed pay request) gets the same transaction back.
+"""
+
+from dataclasses import dataclass
+
+import httpx
+from django.conf import settings
+from django.db import connection
+
+from .exceptions import ProviderRefused, ProviderUnavailable
+
+
+@dataclass(frozen=True)
+class ProviderCharge:
+    txn_id: str
+    merchant_order_no: str
+    amount: int
+    status: str  # PENDING / SUCCESS / FAILED
+    pay_url: str
+
+
+def _request(method: str, path: str, **kwargs) -> httpx.Response | None:
+    if connection.in_atomic_block:
+        # Holding a transaction (and its row locks) across a network call is the
+        # bug this guard exists to catch.
+        raise RuntimeError("the payment provider is never called inside a transaction")
+    try:
+        response = httpx.request(
+            method,
+            f"{settings.PAYMENT_PROVIDER_URL}{path}",
+            headers={"X-Merchant-Secret": settings.PAYMENT_PROVIDER_SECRET},
+            timeout=settings.PAYMENT_PROVIDER_TIMEOUT_SECONDS,
+            **kwargs,
+        )
+    except httpx.HTTPError as exc:
+        raise ProviderUnavailable(
+            f"The payment provider did not answer: {exc}."
+        ) from exc
+    if response.status_code == 404:
+        return None
+    if response.status_code >= 500:
+        raise ProviderUnavailable(
+            f"The payment provider answered {response.status_code}; try again."
+        )
+    if response.status_code >= 400:
+        raise ProviderRefused(
+            f"The payment provider refused the charge ({response.status_code})."
+        )
+    return response
+
+
+def _charge(data: dict) -> ProviderCharge:
+    return ProviderCharge(
+        txn_id=data["txn_id"],
+        merchant_order_no=data["merchant_order_no"],
+        amount=data["amount"],
+        status=data["status"],
+        pay_url=data["pay_url"],
+    )
+
+
+def provider_charge_create(
+    *, merchant_order_no: str, amount: int, currency: str, description: str = ""
+) -> ProviderCharge:
+    """Ask the provider to open a charge (deduplicated by `merchant_order_no`)."""
+    response = _request(
+        "POST",
+        "/charges",
+        json={
+            "merchant_order_no": merchant_order_no,
+            "amount": amount,
+            "currency": currency,
+            "description": description[:255],
+        },
+    )
+    if response is None:
+        raise ProviderUnavailable("The payment provider's charge endpoint is missing.")
+    return _charge(response.json())
+
+
+def provider_charge_get(*, merchant_order_no: str) -> ProviderCharge | None:
+    """The provider's view of the charge for `merchant_order_no`, or None."""
+    response = _request("GET", f"/charges/{merchant_order_no}")
+    return None if response is None else _charge(response.json())

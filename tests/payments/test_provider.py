@@ -1,0 +1,177 @@
+"""Paying through the provider simulator, end to end, over real HTTP.
+
+A gunicorn serves the app (our API, the callback endpoint and the simulator); a real
+Celery worker on the Redis broker runs the simulator's deliveries and our processing.
+"""
+
+import re
+import time
+
+import httpx
+import pytest
+
+from idempotency.models import IdempotencyRecord
+from ledger.invariants import ledger_report
+from ledger.services import external_account, merchant_account
+from orders.models import Order
+from payments.exceptions import ProviderRefused
+from payments.models import Payment, ProviderEvent, Shipment
+from payments.provider.models import Charge, Notification
+from payments.provider_client import provider_charge_create, provider_charge_get
+from tests.orders.helpers import assert_problem, balance, customer, new_key, place_order
+from tests.servers import free_port, gunicorn
+
+from .processes import BROKER_URL, SETTINGS, broker, celery_worker, wait_for
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+
+
+@pytest.fixture
+def provider(tmp_path, settings, on_postgres):
+    """The app on gunicorn; this process's provider client pointed at it."""
+    with (
+        broker(),
+        gunicorn(tmp_path, SETTINGS, CELERY_BROKER_URL=BROKER_URL) as (
+            url,
+            _,
+        ),
+    ):
+        settings.PAYMENT_PROVIDER_URL = f"{url}/provider"
+        yield url
+
+
+@pytest.fixture
+def worker(tmp_path, provider):
+    with celery_worker(
+        tmp_path,
+        PROVIDER_CALLBACK_URL=f"{provider}/api/v1/payments/callback",
+        PROVIDER_RETRY_SCALE="0.02",
+        PROVIDER_DELIVER_TWICE="1",
+    ) as process:
+        yield process
+
+
+def pay(client, order, key):
+    return client.post(
+        f"/api/v1/orders/{order.merchant_order_no}/pay",
+        {"method": "provider"},
+        format="json",
+        headers={"Idempotency-Key": key},
+    )
+
+
+def confirm_on_the_pay_page(pay_url: str, action: str = "confirm") -> None:
+    """What the payer's browser does: GET the page, POST the form (CSRF and all)."""
+    with httpx.Client(timeout=10) as browser:
+        page = browser.get(pay_url)
+        assert page.status_code == 200 and 'data-status="PENDING"' in page.text
+        token = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', page.text)
+        answer = browser.post(
+            pay_url, data={"csrfmiddlewaretoken": token[1], "action": action}
+        )
+        assert answer.status_code == 303, answer.text
+
+
+def test_pay_with_provider_confirm_and_settle_once(worker, provider):
+    user, client, wallet = customer("alice", balance=100)
+    order = place_order(user, amount=3000)
+    key = new_key()
+    response = pay(client, order, key)
+    assert response.status_code == 201, response.content
+    body = response.json()
+    assert (body["method"], body["status"], body["amount"]) == (
+        "provider",
+        "pending",
+        3000,
+    )
+    assert body["provider_txn_id"] and body["pay_url"].startswith(provider)
+    again = pay(client, order, key)
+    assert again.content == response.content and again["Idempotent-Replayed"]
+    other = pay(client, order, new_key()).json()  # another key continues it
+    assert (other["id"], other["provider_txn_id"]) == (
+        body["id"],
+        body["provider_txn_id"],
+    )
+    assert Charge.objects.count() == 1 and Payment.objects.count() == 1
+
+    time.sleep(1)  # the provider never settles on its own
+    assert provider_charge_get(merchant_order_no=order.merchant_order_no).status == (
+        "PENDING"
+    )
+    assert Payment.objects.get().status == Payment.Status.PENDING
+
+    confirm_on_the_pay_page(body["pay_url"])
+    payment = Payment.objects.get()
+    wait_for(
+        lambda: Shipment.objects.filter(order=order, status="dispatched").exists(),
+        what="settlement and shipment",
+    )
+    payment.refresh_from_db()
+    order.refresh_from_db()
+    assert payment.status == Payment.Status.SUCCEEDED
+    assert order.status == Order.Status.PAID
+    assert balance(wallet) == 100  # the money came from outside
+    assert balance(merchant_account(currency="CNY")) == 3000
+    assert balance(external_account(currency="CNY")) == -3100
+    # Delivered twice on purpose: one event in our inbox, settled once.
+    note = Notification.objects.get()
+    assert note.delivered_at is not None and note.last_status == 200
+    assert ProviderEvent.objects.count() == 1
+    assert provider_charge_get(merchant_order_no=order.merchant_order_no).status == (
+        "SUCCESS"
+    )
+    assert_problem(pay(client, order, new_key()), 409, "order_already_paid")
+    report = ledger_report()
+    assert report["ok"], report
+
+
+def test_a_declined_payment_fails_and_moves_no_money(worker, provider):
+    user, client, _ = customer("bob")
+    order = place_order(user, amount=700)
+    body = pay(client, order, new_key()).json()
+    confirm_on_the_pay_page(body["pay_url"], action="decline")
+    wait_for(
+        lambda: Payment.objects.get().status == Payment.Status.FAILED,
+        what="the failure",
+    )
+    order.refresh_from_db()
+    assert order.status == Order.Status.PENDING_PAYMENT
+    assert balance(merchant_account(currency="CNY")) == 0
+    assert ledger_report()["ok"]
+
+
+def test_a_pay_request_cut_off_between_phases_resumes_without_a_second_charge(
+    provider, settings
+):
+    user, client, _ = customer("carol")
+    order = place_order(user, amount=1200)
+    key = new_key()
+    live = settings.PAYMENT_PROVIDER_URL
+    settings.PAYMENT_PROVIDER_URL = f"http://127.0.0.1:{free_port()}/provider"
+    assert_problem(pay(client, order, key), 503, "provider_unavailable")
+    record = IdempotencyRecord.objects.get(key=key)
+    assert record.recovery_point == "payment_created"
+    assert Payment.objects.get().provider_txn_id == ""
+    settings.PAYMENT_PROVIDER_URL = live
+    response = pay(client, order, key)
+    assert response.status_code == 201, response.content
+    body = response.json()
+    assert body["id"] == Payment.objects.get().pk and body["provider_txn_id"]
+    assert Charge.objects.count() == 1 and Payment.objects.count() == 1
+    record.refresh_from_db()
+    assert record.recovery_point == "finished"
+
+
+def test_the_provider_dedupes_by_merchant_order_number(provider):
+    first = provider_charge_create(merchant_order_no="m-1", amount=500, currency="CNY")
+    again = provider_charge_create(merchant_order_no="m-1", amount=500, currency="CNY")
+    assert first == again and first.status == "PENDING"
+    with pytest.raises(ProviderRefused):
+        provider_charge_create(merchant_order_no="m-1", amount=501, currency="CNY")
+    assert provider_charge_get(merchant_order_no="nope") is None
+    assert Charge.objects.count() == 1
+    stranger = httpx.post(
+        f"{provider}/provider/charges",
+        json={"merchant_order_no": "m-2", "amount": 1, "currency": "CNY"},
+    )
+    assert stranger.status_code == 403, stranger.text
