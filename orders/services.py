@@ -158,3 +158,27 @@ def order_mark_refunded(*, order_id: int) -> bool:
             ],
         ).update(status=Order.Status.REFUNDED, updated_at=timezone.now())
     )
+
+
+def order_cancel_expired(*, older_than_seconds: int, batch: int = 500) -> int:
+    """Cancel orders still unpaid `older_than_seconds` after they were placed.
+
+    Batches of conditional `UPDATE ... WHERE status = pending_payment`: an order
+    paid meanwhile is never touched. A provider success arriving after this is
+    refunded by the payments app. Returns how many were cancelled.
+    """
+    cutoff = timezone.now() - timedelta(seconds=older_than_seconds)
+    cancelled = 0
+    while True:
+        ids = list(
+            Order.objects.filter(
+                status=Order.Status.PENDING_PAYMENT, created_at__lt=cutoff
+            )
+            .order_by("pk")
+            .values_list("pk", flat=True)[:batch]
+        )
+        if not ids:
+            return cancelled
+        cancelled += Order.objects.filter(
+            pk__in=ids, status=Order.Status.PENDING_PAYMENT
+        ).update(status=Order.Status.CANCELLED, updated_at=timezone.now())

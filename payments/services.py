@@ -4,6 +4,8 @@ Like the ledger's services these open plain `transaction.atomic()` blocks: the
 idempotency engine wraps them in the transaction that also stores its response.
 """
 
+from datetime import timedelta
+
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
@@ -373,3 +375,38 @@ def provider_event_process(*, event_id: int) -> ProviderEvent:
         event.processed_at = timezone.now()
         event.save(update_fields=["status", "outcome", "processed_at"])
     return event
+
+
+def payment_redrive(*, payment_id: int) -> Payment:
+    """Ask the provider how a long-pending payment stands, and act on its answer.
+
+    Never inside a transaction (the client refuses): the answer then goes through
+    the same idempotent services a callback uses, so a callback arriving at the same
+    moment settles it once. The provider has no charge: the pay request never got
+    that far, so the payment fails and the order may be paid again.
+    """
+    from .provider_client import provider_charge_get
+
+    payment = Payment.objects.select_related("order").get(pk=payment_id)
+    if payment.status != Payment.Status.PENDING:
+        return payment
+    charge = provider_charge_get(merchant_order_no=payment.order.merchant_order_no)
+    if charge is None or charge.status == "FAILED":
+        return payment_fail(payment_id=payment.pk)
+    if charge.status == "SUCCESS" and charge.amount == payment.amount:
+        return payment_settle(payment_id=payment.pk, provider_txn_id=charge.txn_id)
+    return payment
+
+
+def payments_stuck(*, older_than_seconds: int, limit: int = 100) -> list[int]:
+    """Ids of provider payments pending longer than `older_than_seconds`."""
+    cutoff = timezone.now() - timedelta(seconds=older_than_seconds)
+    return list(
+        Payment.objects.filter(
+            method=Payment.Method.PROVIDER,
+            status=Payment.Status.PENDING,
+            created_at__lt=cutoff,
+        )
+        .order_by("pk")
+        .values_list("pk", flat=True)[:limit]
+    )

@@ -6,9 +6,11 @@ re-reads its rows under a lock and returns early when the work is already done.
 """
 
 from celery import shared_task
+from django.conf import settings
 from django.db import DatabaseError
 
 from . import services
+from .exceptions import ProviderUnavailable
 
 RETRY = {
     "acks_late": True,
@@ -38,3 +40,31 @@ def purge_expired_nonces() -> int:
     from .signatures import nonce_purge_expired
 
     return nonce_purge_expired()
+
+
+@shared_task
+def redrive_pending_payments() -> int:
+    """Ask the provider about provider payments pending past the timeout; each is
+    re-driven by its own task so one slow answer does not hold up the rest."""
+    ids = services.payments_stuck(
+        older_than_seconds=settings.PAYMENT_PENDING_TIMEOUT_SECONDS
+    )
+    for payment_id in ids:
+        payment_redrive_task.delay(payment_id)
+    return len(ids)
+
+
+@shared_task(
+    **{**RETRY, "autoretry_for": (*RETRY["autoretry_for"], ProviderUnavailable)}
+)
+def payment_redrive_task(payment_id: int) -> str:
+    """Settle or fail one stuck payment from the provider's answer."""
+    return services.payment_redrive(payment_id=payment_id).status
+
+
+@shared_task
+def cancel_expired_orders() -> int:
+    """Cancel orders unpaid past ORDER_UNPAID_EXPIRY_SECONDS."""
+    from orders.services import order_cancel_expired
+
+    return order_cancel_expired(older_than_seconds=settings.ORDER_UNPAID_EXPIRY_SECONDS)

@@ -265,3 +265,12 @@ CELERY_BEAT_SCHEDULE["payments-purge-expired-nonces"] = {
 # (ledger.openapi).
 REST_FRAMEWORK["DEFAULT_SCHEMA_CLASS"] = "ledger.openapi.LedgerAutoSchema"
 INSTALLED_APPS += ["payments.provider"]
+
+CELERY_BEAT_SCHEDULE["payments-redrive-pending"] = {
+    "task": "payments.tasks.redrive_pending_payments",
+    "schedule": 60.0,
+}
+CELERY_BEAT_SCHEDULE["orders-cancel-expired"] = {
+    "task": "payments.tasks.cancel_expired_orders",
+    "schedule": 300.0,
+}
