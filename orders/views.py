@@ -14,10 +14,15 @@ from django.views.decorators.http import require_GET, require_POST
 from ledger.exceptions import InsufficientFunds
 from ledger.selectors import account_postings
 from ledger.services import wallet_get_or_create
-from payments.exceptions import OrderAlreadyPaid, OrderNotPayable
+from payments.exceptions import (
+    OrderAlreadyPaid,
+    OrderNotPayable,
+    ProviderRefused,
+    ProviderUnavailable,
+)
 from payments.models import Payment
 from payments.selectors import payment_list
-from payments.services import payment_create
+from payments.services import payment_create, payment_start_with_provider
 
 from .exceptions import DuplicateOrder, MerchantOrderNoUnknown, OrderNotCancellable
 from .forms import OrderForm, major_units
@@ -138,12 +143,19 @@ def order_detail(request: HttpRequest, merchant_order_no: str) -> HttpResponse:
 @login_required
 @require_POST
 def order_pay(request: HttpRequest, merchant_order_no: str) -> HttpResponse:
-    """Pay with the wallet balance. The order's state under a row lock, the ledger's
-    unique reference and the one-success-per-order index make a second click a no-op
-    that says so."""
+    """Pay with the wallet balance, or go to the provider's pay page. The order's
+    state under a row lock, the ledger's unique reference and the one-success-per-order
+    index make a second click a no-op that says so; a second click on the provider
+    button continues the same pending payment (the provider dedupes by order number).
+    """
     order = order_get(owner=request.user, merchant_order_no=merchant_order_no)
     try:
+        if request.POST.get("method") == Payment.Method.PROVIDER:
+            payment = payment_start_with_provider(order_id=order.pk)
+            return HttpResponseSeeOther(payment.pay_url)
         payment_create(order_id=order.pk, method=Payment.Method.BALANCE)
+    except (ProviderUnavailable, ProviderRefused):
+        messages.error(request, _("The payment provider is not answering; try again."))
     except OrderAlreadyPaid:
         messages.info(request, _("You have already paid this order."))
     except OrderNotPayable:

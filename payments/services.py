@@ -410,3 +410,27 @@ def payments_stuck(*, older_than_seconds: int, limit: int = 100) -> list[int]:
         .order_by("pk")
         .values_list("pk", flat=True)[:limit]
     )
+
+
+def payment_start_with_provider(*, order_id: int) -> Payment:
+    """Open (or continue) the order's provider payment and get its pay page.
+
+    The same three steps as the phased pay API, each safe to repeat: the pending
+    payment is reused, the provider dedupes by merchant order number, and a recorded
+    transaction is never overwritten. Never inside a transaction (the provider call).
+    """
+    from .provider_client import provider_charge_create
+
+    payment = payment_provider_start(order_id=order_id)
+    if payment.pay_url:
+        return payment
+    order = payment.order
+    charge = provider_charge_create(
+        merchant_order_no=order.merchant_order_no,
+        amount=order.amount,
+        currency=order.currency,
+        description=order.description,
+    )
+    return payment_record_charge(
+        payment_id=payment.pk, provider_txn_id=charge.txn_id, pay_url=charge.pay_url
+    )
