@@ -3,6 +3,8 @@
 Read them at `/metrics` (Prometheus text format).
 """
 
+from contextvars import ContextVar
+
 from prometheus_client import Counter, Histogram
 
 OUTCOMES = (
@@ -33,5 +35,14 @@ for _outcome in OUTCOMES:
     requests.labels(_outcome)  # export every series from the start, at zero
 
 
+# The outcomes of the current request, for its log line (ledger.middleware sets it).
+current_outcomes: ContextVar[list[str] | None] = ContextVar(
+    "idempotency_outcomes", default=None
+)
+
+
 def count(outcome: str) -> None:
     requests.labels(outcome).inc()
+    outcomes = current_outcomes.get()
+    if outcomes is not None:
+        outcomes.append(outcome)

@@ -141,11 +141,33 @@ def problems(*errors: type[DomainError]) -> dict[Any, OpenApiResponse]:
     }
 
 
+WRITES = ("post", "put", "patch", "delete")
+
+
+def idempotency_marker(view: type, method: str) -> dict[str, Any] | None:
+    """What `@idempotent` recorded on the handler of `method`.
+
+    A view whose only write handler dispatches to `@idempotent` helper methods
+    (`post` calling `pay_with_balance` or `pay_with_provider`) counts as idempotent
+    too, with the helpers' endpoint.
+    """
+    marker = getattr(getattr(view, method.lower(), None), "idempotency", None)
+    if marker is not None or method.lower() not in WRITES:
+        return marker
+    if [m for m in WRITES if hasattr(view, m)] != [method.lower()]:
+        return None
+    helpers = [
+        getattr(value, "idempotency", None)
+        for klass in view.__mro__
+        for value in vars(klass).values()
+    ]
+    return next((h for h in helpers if h is not None), None)
+
+
 class LedgerAutoSchema(AutoSchema):
     def idempotency_mode(self) -> str | None:
         """ "required"/"optional" for an `@idempotent` method, else None."""
-        method = getattr(self.view, self.method.lower(), None)
-        marker = getattr(method, "idempotency", None)
+        marker = idempotency_marker(type(self.view), self.method)
         if marker is None:
             return None
         mode = settings.IDEMPOTENCY_ENDPOINTS.get(marker["endpoint"], marker["default"])
@@ -209,3 +231,9 @@ class LedgerAutoSchema(AutoSchema):
             response["description"] = _description(status, codes)
             responses[str(status)] = response
         return dict(sorted(responses.items()))
+
+
+def only_our_api(endpoints: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
+    """Preprocessing hook: the schema is our API (`/api/...`), not the pages or the
+    bundled provider simulator, which stands for someone else's service."""
+    return [endpoint for endpoint in endpoints if endpoint[0].startswith("/api/")]

@@ -42,11 +42,17 @@ def metrics(request: HttpRequest) -> HttpResponse:
     import prometheus_client
     from prometheus_client import multiprocess
 
+    from .metrics import InboxDepthCollector
+
     registry = prometheus_client.REGISTRY
     if "PROMETHEUS_MULTIPROC_DIR" in os.environ:
         registry = prometheus_client.CollectorRegistry()
         multiprocess.MultiProcessCollector(registry)
+    # Read from the database now, in this process: not a per-process sample.
+    database = prometheus_client.CollectorRegistry(auto_describe=False)
+    database.register(InboxDepthCollector())
     return HttpResponse(
-        prometheus_client.generate_latest(registry),
+        prometheus_client.generate_latest(registry)
+        + prometheus_client.generate_latest(database),
         content_type=prometheus_client.CONTENT_TYPE_LATEST,
     )

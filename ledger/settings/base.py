@@ -274,3 +274,19 @@ CELERY_BEAT_SCHEDULE["orders-cancel-expired"] = {
     "task": "payments.tasks.cancel_expired_orders",
     "schedule": 300.0,
 }
+
+# Operations: request ids, HTTP metrics and one JSON log line per request and per
+# Celery task (ledger.middleware, ledger.metrics, ledger.logging).
+MIDDLEWARE.insert(0, "ledger.middleware.RequestLogMiddleware")
+LOGGING["formatters"] = {"json": {"()": "ledger.logging.JsonFormatter"}}
+LOGGING["handlers"]["console"]["formatter"] = "json"
+LOGGING["loggers"].update(
+    {
+        # Their own handler: Celery's worker takes over the root logger.
+        name: {"handlers": ["console"], "level": "INFO", "propagate": False}
+        for name in ("ledger.requests", "ledger.tasks")
+    }
+)
+
+# Operations: the schema covers our API only, not the bundled provider simulator.
+SPECTACULAR_SETTINGS["PREPROCESSING_HOOKS"] = ["ledger.openapi.only_our_api"]

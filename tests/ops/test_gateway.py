@@ -138,6 +138,7 @@ def gateway(tmp_path: Path, read_timeout: int) -> Iterator[dict]:
                     "tests.idempotency.server_settings",
                     IDEMPOTENCY_LEASE_SECONDS=str(LEASE),
                     GUNICORN_CMD_ARGS=ACCESS_FORMAT,
+                    PYTHONUNBUFFERED="1",  # each access line is on disk at once
                 )
             )
             for _ in range(2)

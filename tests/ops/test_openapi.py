@@ -9,7 +9,7 @@ from django.core.management import call_command
 from django.urls import URLPattern, URLResolver, get_resolver
 from drf_spectacular.generators import EndpointEnumerator
 
-from ledger.openapi import problem_codes
+from ledger.openapi import idempotency_marker, problem_codes
 from tests.servers import ROOT
 
 CHECKED_IN = ROOT / "docs/openapi.yaml"
@@ -40,7 +40,7 @@ def idempotent_operations() -> list[tuple[str, str, dict]]:
     """(path, method, marker) of every view method decorated with @idempotent."""
     found = []
     for path, _regex, method, view in EndpointEnumerator().get_api_endpoints():
-        marker = getattr(getattr(view.cls, method.lower(), None), "idempotency", None)
+        marker = idempotency_marker(view.cls, method)
         if marker is not None:
             found.append((path, method.lower(), marker))
     return found

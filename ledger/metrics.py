@@ -1,0 +1,115 @@
+"""Prometheus metrics of the web app and the Celery tasks, and the task log line.
+
+Read at `/metrics` together with the idempotency counters (`idempotency.metrics`):
+
+- `http_requests_total{method, route, status}` and
+  `http_request_duration_seconds{method, route}`: every request, by URL name (never by
+  raw path, so ids do not explode the series); `route="unmatched"` for 404s.
+- `celery_tasks_total{task, outcome}` (`succeeded`, `failed`, `retried`) and
+  `celery_task_duration_seconds{task}`.
+- `payments_callback_inbox_depth`: provider events received and not yet processed,
+  read from the database at scrape time.
+
+Under gunicorn with several workers set PROMETHEUS_MULTIPROC_DIR (an empty directory)
+so every process writes its samples there and `/metrics` sums them.
+"""
+
+import logging
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from celery import signals
+from prometheus_client import Counter, Histogram
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+http_requests = Counter(
+    "http_requests",
+    "HTTP requests by method, route name and status.",
+    ["method", "route", "status"],
+)
+http_duration = Histogram(
+    "http_request_duration_seconds",
+    "Time to answer an HTTP request.",
+    ["method", "route"],
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+)
+celery_tasks = Counter("celery_tasks", "Celery task outcomes.", ["task", "outcome"])
+celery_duration = Histogram(
+    "celery_task_duration_seconds",
+    "Time a Celery task ran.",
+    ["task"],
+    buckets=(0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 120),
+)
+
+task_log = logging.getLogger("ledger.tasks")
+_started: dict[str, float] = {}
+
+
+class InboxDepthCollector(Collector):
+    """Provider events waiting to be processed, counted when Prometheus scrapes."""
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        try:
+            from payments.models import ProviderEvent
+        except ImportError:  # no inbox in this build
+            return
+        gauge = GaugeMetricFamily(
+            "payments_callback_inbox_depth",
+            "Provider callbacks stored and not yet processed.",
+        )
+        try:
+            depth = ProviderEvent.objects.filter(
+                status=ProviderEvent.Status.RECEIVED
+            ).count()
+        except Exception:  # the database is down: say nothing rather than fail
+            return
+        gauge.add_metric([], depth)
+        yield gauge
+
+
+def _task_name(sender: Any) -> str:
+    return getattr(sender, "name", None) or str(sender)
+
+
+@signals.task_prerun.connect
+def _task_started(task_id: str, **_: Any) -> None:
+    _started[task_id] = time.monotonic()
+
+
+def _finish(sender: Any, task_id: str | None, outcome: str, **fields: Any) -> None:
+    name = _task_name(sender)
+    celery_tasks.labels(name, outcome).inc()
+    started = _started.pop(task_id or "", None)
+    duration = None if started is None else time.monotonic() - started
+    if duration is not None:
+        celery_duration.labels(name).observe(duration)
+    task_log.info(
+        "celery_task",
+        extra={
+            "event": "celery_task",
+            "task": name,
+            "task_id": task_id,
+            "outcome": outcome,
+            "duration_ms": None if duration is None else round(duration * 1000, 1),
+            **fields,
+        },
+    )
+
+
+@signals.task_success.connect
+def _task_succeeded(sender: Any = None, **_: Any) -> None:
+    _finish(sender, sender.request.id, "succeeded")
+
+
+@signals.task_failure.connect
+def _task_failed(
+    sender: Any = None, task_id: str | None = None, exception: Any = None, **_: Any
+) -> None:
+    _finish(sender, task_id, "failed", error=exception.__class__.__name__)
+
+
+@signals.task_retry.connect
+def _task_retried(sender: Any = None, request: Any = None, **_: Any) -> None:
+    _finish(sender, getattr(request, "id", None), "retried")
