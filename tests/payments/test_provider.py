@@ -4,22 +4,28 @@ A gunicorn serves the app (our API, the callback endpoint and the simulator); a 
 Celery worker on the Redis broker runs the simulator's deliveries and our processing.
 """
 
+import contextlib
+import os
 import re
+import signal
+import socket
+import threading
 import time
 
 import httpx
 import pytest
+from django.utils import timezone
 
 from idempotency.models import IdempotencyRecord
 from ledger.invariants import ledger_report
-from ledger.services import external_account, merchant_account
+from ledger.services import customer_get_or_create, external_account, merchant_account
 from orders.models import Order
 from payments.exceptions import ProviderRefused
 from payments.models import Payment, ProviderEvent, Shipment
 from payments.provider.models import Charge, Notification
 from payments.provider_client import provider_charge_create, provider_charge_get
 from tests.orders.helpers import assert_problem, balance, customer, new_key, place_order
-from tests.servers import free_port, gunicorn
+from tests.servers import children, free_port, gunicorn
 
 from .processes import BROKER_URL, SETTINGS, broker, celery_worker, wait_for
 
@@ -175,3 +181,69 @@ def test_the_provider_dedupes_by_merchant_order_number(provider):
         json={"merchant_order_no": "m-2", "amount": 1, "currency": "CNY"},
     )
     assert stranger.status_code == 403, stranger.text
+
+
+def test_a_pay_request_killed_between_phases_is_resumed_by_its_retry(
+    provider, tmp_path
+):
+    """The gunicorn worker serving the pay request is SIGKILLed while phase 2 waits
+    on a provider that never answers; the retry, once the lease has passed, resumes
+    from `payment_created` against the live provider: one payment, one charge."""
+    user, client, _ = customer("erin")
+    _, token, _ = customer_get_or_create(username="erin", currency="CNY")
+    order = place_order(user, amount=1500)
+    key = new_key()
+    with socket.socket() as hole:  # accepts connections, never answers
+        hole.bind(("127.0.0.1", 0))
+        hole.listen(8)
+        with gunicorn(
+            tmp_path,
+            SETTINGS,
+            CELERY_BROKER_URL=BROKER_URL,
+            PAYMENT_PROVIDER_URL=f"http://127.0.0.1:{hole.getsockname()[1]}/provider",
+            PAYMENT_PROVIDER_TIMEOUT_SECONDS="60",
+            IDEMPOTENCY_LEASE_SECONDS="4",
+        ) as (doomed, master):
+
+            def send() -> None:
+                with contextlib.suppress(httpx.HTTPError):
+                    httpx.post(
+                        f"{doomed}/api/v1/orders/{order.merchant_order_no}/pay",
+                        json={"method": "provider"},
+                        headers={
+                            "Authorization": f"Token {token}",
+                            "Idempotency-Key": key,
+                        },
+                        timeout=30,
+                    )
+
+            thread = threading.Thread(target=send)
+            thread.start()
+            wait_for(
+                lambda: IdempotencyRecord.objects.filter(
+                    key=key, recovery_point="payment_created"
+                ).exists(),
+                what="phase 1 to commit",
+            )
+            (victim,) = children(master.pid)
+            os.kill(victim, signal.SIGKILL)
+            thread.join(30)
+    assert Payment.objects.get().provider_txn_id == ""
+    assert not Charge.objects.exists()
+    # Before the lease passes, the key is still held by the dead request.
+    assert_problem(pay(client, order, key), 409, "idempotency_key_in_flight")
+    held_until = IdempotencyRecord.objects.get(key=key).locked_until
+    time.sleep(max(0.0, (held_until - timezone.now()).total_seconds()) + 0.3)
+    response = pay(client, order, key)
+    assert response.status_code == 201, response.content
+    body = response.json()
+    payment = Payment.objects.get()
+    assert (body["id"], body["provider_txn_id"]) == (
+        payment.pk,
+        payment.provider_txn_id,
+    )
+    assert Charge.objects.get().txn_id == payment.provider_txn_id
+    record = IdempotencyRecord.objects.get(key=key)
+    assert record.recovery_point == "finished"
+    again = pay(client, order, key)
+    assert again.content == response.content
