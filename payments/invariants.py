@@ -26,3 +26,31 @@ def no_order_paid_twice() -> list[str]:
         .values_list("merchant_order_no", "succeeded")
     )
     return [f"order {no} paid twice: {n} succeeded payments" for no, n in twice]
+
+
+@invariant
+def payments_match_the_ledger() -> list[str]:
+    """Every settled payment names the entry that moved its money; every refunded
+    one has its one refund; nothing pending or failed has moved money."""
+    from .models import Payment
+
+    settled = (Payment.Status.SUCCEEDED, Payment.Status.REFUNDED)
+    problems = [
+        f"payment {pk} is {status} but names no journal entry"
+        for pk, status in Payment.objects.filter(
+            status__in=settled, journal_entry__isnull=True
+        ).values_list("pk", "status")
+    ]
+    problems += [
+        f"payment {pk} is refunded but has no refund"
+        for pk in Payment.objects.filter(
+            status=Payment.Status.REFUNDED, refund_record__isnull=True
+        ).values_list("pk", flat=True)
+    ]
+    problems += [
+        f"payment {pk} is {status} but moved money"
+        for pk, status in Payment.objects.exclude(status__in=settled)
+        .filter(journal_entry__isnull=False)
+        .values_list("pk", "status")
+    ]
+    return problems

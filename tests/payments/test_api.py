@@ -91,6 +91,8 @@ def test_cancelled_order_is_not_payable():
         {"method": None},
         {"method": ["balance"]},
         {"method": "balance", "amount": 1},
+        {"method": "provider", "amount": 1},
+        {"method": "provider", "extra": None},
         [],
         "balance",
     ],

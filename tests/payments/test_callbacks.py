@@ -251,6 +251,18 @@ def test_bad_field_values_are_400(payment):
     assert not ProviderEvent.objects.exists()
 
 
+def test_the_invariant_names_a_settled_payment_without_its_entry(payment):
+    post_callback(event_body(payment))
+    process_all()
+    assert "payments_match_the_ledger" in ledger_report()["checks"]
+    Payment.objects.filter(pk=payment.pk).update(journal_entry=None)
+    report = ledger_report()
+    assert (
+        f"payment {payment.pk} is succeeded but names no journal entry"
+        in (report["violations"])
+    )
+
+
 def test_the_shipment_is_dispatched_once(payment):
     post_callback(event_body(payment))
     process_all()
