@@ -53,16 +53,33 @@ def canonical_body(raw: bytes) -> tuple[str, Any]:
     return canonical(parsed), parsed
 
 
+def _utf8(text: str) -> bytes:
+    # JSON may spell lone surrogates ("\ud800"); hash them rather than crash.
+    return text.encode("utf-8", "surrogatepass")
+
+
 def _short_hash(text: str) -> str:
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
+    return hashlib.sha256(_utf8(text)).hexdigest()[:16]
+
+
+def _storable(name: str) -> str:
+    """A field name as the database can store it: PostgreSQL text and jsonb refuse
+    NUL and lone surrogates, so such a name is kept JSON-escaped instead."""
+    if "\x00" in name:
+        return json.dumps(name)
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        return json.dumps(name)
+    return name
 
 
 def fingerprint(method: str, path: str, raw_body: bytes) -> tuple[str, dict[str, str]]:
     """Return the request's fingerprint and a short hash of each top-level field."""
     text, parsed = canonical_body(raw_body)
-    digest = hashlib.sha256(f"{method}\n{path}\n{text}".encode()).hexdigest()
+    digest = hashlib.sha256(_utf8(f"{method}\n{path}\n{text}")).hexdigest()
     fields = (
-        {k: _short_hash(canonical(v)) for k, v in parsed.items()}
+        {_storable(k): _short_hash(canonical(v)) for k, v in parsed.items()}
         if isinstance(parsed, dict)
         else {}
     )

@@ -189,6 +189,11 @@ class LedgerAutoSchema(AutoSchema):
             parameters += [key, IDEMPOTENT_REPLAYED, RETRY_AFTER]
         return parameters
 
+    def _has_parameter(self, name: str) -> bool:
+        return any(
+            getattr(p, "name", None) == name for p in self.get_override_parameters()
+        )
+
     def error_statuses(self) -> dict[int, list[str]]:
         """The problem responses this operation can give, with their codes."""
         by_status = codes_by_status()
@@ -197,8 +202,8 @@ class LedgerAutoSchema(AutoSchema):
         # 401 everywhere: a bad token is refused even where no token is needed,
         # and the provider's callback answers 401 to a bad signature.
         wanted = {401, 400} if writes or idempotent else {401}
-        if "{" in self.path:
-            wanted.add(404)
+        if "{" in self.path or self._has_parameter("cursor"):
+            wanted.add(404)  # an unknown object, or a cursor that names none
         if writes:
             wanted |= {409, 422}
         if idempotent:
