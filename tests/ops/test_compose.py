@@ -50,7 +50,15 @@ def stack() -> dict:
 
 def test_every_service_is_health_checked_and_restarts(stack):
     services = stack["services"]
-    assert set(services) >= {"postgres", "redis", "web", "worker", "beat", "nginx"}
+    assert set(services) >= {
+        "postgres",
+        "redis",
+        "web",
+        "worker",
+        "beat",
+        "provider",
+        "nginx",
+    }
     for name, service in services.items():
         assert service.get("healthcheck", {}).get("test"), f"{name}: no healthcheck"
         assert service.get("restart") == "unless-stopped", name
@@ -58,7 +66,7 @@ def test_every_service_is_health_checked_and_restarts(stack):
 
 def test_app_services_take_env_from_the_example_and_wait_for_healthy_stores(stack):
     assert (ROOT / ".env.example").exists()
-    for name in ("web", "worker", "beat"):
+    for name in ("web", "worker", "beat", "provider"):
         service = stack["services"][name]
         assert service["env_file"] == ".env.example", name
         assert service["environment"]["DATABASE_URL"].startswith("postgres://")
