@@ -4,7 +4,9 @@ Like the ledger's services these open plain `transaction.atomic()` blocks: the
 idempotency engine wraps them in the transaction that also stores its response.
 """
 
+import logging
 from datetime import timedelta
+from typing import Any
 
 from django.db import IntegrityError, transaction
 from django.utils import timezone
@@ -28,6 +30,22 @@ from .exceptions import (
     PaymentNotRefundable,
 )
 from .models import Payment, ProviderEvent, Refund, Shipment
+
+logger = logging.getLogger(__name__)
+
+
+def enqueue_on_commit(task, *args: Any) -> None:
+    """Send `task` once the transaction commits; a broker that is down is logged,
+    not raised: the row is durable, and beat's re-drive sends it again later."""
+
+    def send() -> None:
+        try:
+            task.delay(*args)
+        except Exception:  # kombu raises many kinds; none may undo a commit
+            logger.exception("could not enqueue %s%r; beat will re-drive", task, args)
+
+    transaction.on_commit(send)
+
 
 PAID_STATES = (
     Order.Status.PAID,
@@ -283,7 +301,7 @@ def shipment_create(*, order_id: int) -> Shipment | None:
             shipment = Shipment.objects.create(order_id=order_id)
     except IntegrityError:
         return None
-    transaction.on_commit(lambda: shipment_dispatch_task.delay(shipment.pk))
+    enqueue_on_commit(shipment_dispatch_task, shipment.pk)
     return shipment
 
 
@@ -346,7 +364,7 @@ def provider_event_receive(
                 payload=payload,
                 raw_body=raw_body,
             )
-            transaction.on_commit(lambda: provider_event_process_task.delay(event.pk))
+            enqueue_on_commit(provider_event_process_task, event.pk)
     except IntegrityError:  # the same event, delivered twice at the same instant
         return ProviderEvent.objects.get(event_id=payload["event_id"]), False
     return event, True
@@ -433,4 +451,20 @@ def payment_start_with_provider(*, order_id: int) -> Payment:
     )
     return payment_record_charge(
         payment_id=payment.pk, provider_txn_id=charge.txn_id, pay_url=charge.pay_url
+    )
+
+
+def inbox_stuck(*, older_than_seconds: int, limit: int = 500) -> tuple[list, list]:
+    """(provider event ids, shipment ids) still waiting `older_than_seconds` after
+    they were stored: their task was lost (a broker outage) or is failing."""
+    cutoff = timezone.now() - timedelta(seconds=older_than_seconds)
+    events = ProviderEvent.objects.filter(
+        status=ProviderEvent.Status.RECEIVED, received_at__lt=cutoff
+    ).order_by("pk")
+    shipments = Shipment.objects.filter(
+        status=Shipment.Status.PENDING, created_at__lt=cutoff
+    ).order_by("pk")
+    return (
+        list(events.values_list("pk", flat=True)[:limit]),
+        list(shipments.values_list("pk", flat=True)[:limit]),
     )

@@ -68,3 +68,15 @@ def cancel_expired_orders() -> int:
     from orders.services import order_cancel_expired
 
     return order_cancel_expired(older_than_seconds=settings.ORDER_UNPAID_EXPIRY_SECONDS)
+
+
+@shared_task
+def redrive_inbox() -> int:
+    """Send again the tasks of provider events and shipments that still wait a
+    minute after they were stored (each task is a no-op if it already ran)."""
+    events, shipments = services.inbox_stuck(older_than_seconds=60)
+    for event_id in events:
+        provider_event_process_task.delay(event_id)
+    for shipment_id in shipments:
+        shipment_dispatch_task.delay(shipment_id)
+    return len(events) + len(shipments)

@@ -274,6 +274,10 @@ CELERY_BEAT_SCHEDULE["orders-cancel-expired"] = {
     "task": "payments.tasks.cancel_expired_orders",
     "schedule": 300.0,
 }
+CELERY_BEAT_SCHEDULE["payments-redrive-inbox"] = {
+    "task": "payments.tasks.redrive_inbox",
+    "schedule": 60.0,
+}
 
 # Operations: request ids, HTTP metrics and one JSON log line per request and per
 # Celery task (ledger.middleware, ledger.metrics, ledger.logging).

@@ -37,7 +37,7 @@ def process_env(**extra: str) -> dict[str, str]:
     }
 
 
-def _reset_producer(url: str) -> None:
+def point_producer_at(url: str) -> None:
     app.conf.broker_url = url
     app.conf.broker_transport_options = {}
     # Forget every cached connection and producer (kombu keeps global pools).
@@ -51,11 +51,11 @@ def broker() -> Iterator[str]:
     """Send this process's tasks to the Redis broker for the test's duration."""
     redis.Redis.from_url(BROKER_URL).flushdb()
     before = app.conf.broker_url
-    _reset_producer(BROKER_URL)
+    point_producer_at(BROKER_URL)
     try:
         yield BROKER_URL
     finally:
-        _reset_producer(before)
+        point_producer_at(before)
         redis.Redis.from_url(BROKER_URL).flushdb()
 
 

@@ -8,9 +8,11 @@ import os
 import signal
 import threading
 import time
+from datetime import timedelta
 
 import pytest
 from django.db import connection, connections, transaction
+from django.utils import timezone
 
 from ledger.invariants import ledger_report
 from ledger.services import external_account, merchant_account
@@ -18,11 +20,19 @@ from orders.models import Order
 from orders.services import order_cancel
 from payments.models import Payment, ProviderEvent, Refund, Shipment
 from payments.signatures import sign
+from payments.tasks import redrive_inbox
 from tests.orders.helpers import assert_problem, balance, customer, place_order
 from tests.servers import children
 
 from .helpers import event_body, pending_provider_payment, post_callback, raw
-from .processes import broker, celery_worker, pool_child, wait_for
+from .processes import (
+    BROKER_URL,
+    broker,
+    celery_worker,
+    point_producer_at,
+    pool_child,
+    wait_for,
+)
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
@@ -159,3 +169,24 @@ def test_a_cancelled_orders_late_success_is_refunded(worker):
     assert not Shipment.objects.exists()
     report = ledger_report()
     assert report["ok"], report
+
+
+def test_a_callback_stored_while_the_broker_is_down_is_redriven(worker):
+    user, _, _ = customer("erin")
+    payment = pending_provider_payment(place_order(user, amount=1300))
+    point_producer_at("redis://127.0.0.1:1/0")  # nobody listens there
+    try:
+        response = post_callback(event_body(payment))
+    finally:
+        point_producer_at(BROKER_URL)
+    # Stored and acknowledged although its task could not be sent.
+    assert response.status_code == 200, response.content
+    event = ProviderEvent.objects.get()
+    time.sleep(1)
+    event.refresh_from_db()
+    assert event.status == "received"
+    ProviderEvent.objects.update(received_at=timezone.now() - timedelta(seconds=120))
+    assert redrive_inbox() == 1  # what beat runs every minute
+    wait_for(lambda: all_processed(1), what="the re-driven event")
+    wait_for(lambda: dispatched(payment.order), what="the shipment task")
+    assert_settled_once(payment)
