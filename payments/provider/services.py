@@ -51,6 +51,12 @@ def charge_create(
         raise ChargeConflict("This merchant order number was used long ago.")
     if (existing.amount, existing.currency) != (amount, currency):
         raise ChargeConflict("This merchant order number was charged another amount.")
+    if existing.status == Charge.Status.FAILED:
+        # The payer declined; the merchant asks again: the same charge reopens.
+        Charge.objects.filter(pk=existing.pk, status=Charge.Status.FAILED).update(
+            status=Charge.Status.PENDING, settled_at=None
+        )
+        existing.refresh_from_db()
     return existing, False
 
 
@@ -70,8 +76,9 @@ def charge_settle(*, txn_id: str, outcome: str) -> Charge:
         ).update(status=outcome, settled_at=timezone.now())
         charge = Charge.objects.get(txn_id=txn_id)
         if moved:
+            attempt = charge.notifications.count() + 1
             note = Notification.objects.create(
-                charge=charge, event_id=f"{txn_id}-{outcome}"
+                charge=charge, event_id=f"{txn_id}-{attempt}-{outcome}"
             )
             transaction.on_commit(lambda: notification_deliver_task.delay(note.pk))
     return charge

@@ -131,7 +131,7 @@ def test_pay_with_provider_confirm_and_settle_once(worker, provider):
     assert report["ok"], report
 
 
-def test_a_declined_payment_fails_and_moves_no_money(worker, provider):
+def test_a_declined_payment_fails_and_the_shopper_can_pay_again(worker, provider):
     user, client, _ = customer("bob")
     order = place_order(user, amount=700)
     body = pay(client, order, new_key()).json()
@@ -143,6 +143,20 @@ def test_a_declined_payment_fails_and_moves_no_money(worker, provider):
     order.refresh_from_db()
     assert order.status == Order.Status.PENDING_PAYMENT
     assert balance(merchant_account(currency="CNY")) == 0
+    assert ledger_report()["ok"]
+    # The shopper tries again: a new payment, the same (reopened) charge.
+    retry = pay(client, order, new_key()).json()
+    assert retry["id"] != body["id"] and retry["status"] == "pending"
+    assert retry["provider_txn_id"] == body["provider_txn_id"]
+    confirm_on_the_pay_page(retry["pay_url"])
+    wait_for(
+        lambda: Payment.objects.get(pk=retry["id"]).status == "succeeded",
+        what="the second attempt to settle",
+    )
+    order.refresh_from_db()
+    assert order.status == Order.Status.PAID
+    assert Payment.objects.get(pk=body["id"]).status == "failed"
+    assert balance(merchant_account(currency="CNY")) == 700
     assert ledger_report()["ok"]
 
 
