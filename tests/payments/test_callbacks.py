@@ -7,6 +7,7 @@ import time
 
 import pytest
 from django.db import connection
+from rest_framework.test import APIClient
 
 from ledger.invariants import ledger_report
 from ledger.services import external_account, merchant_account
@@ -302,3 +303,25 @@ def test_racing_different_success_events_settle_once(on_postgres):
     )
     assert results == ["processed"] * 5, results
     assert_settled_once(payment)
+
+
+@pytest.mark.parametrize(
+    "content_type",
+    [
+        "application/x-www-form-urlencoded",
+        "multipart/form-data; boundary=xyz",
+        "text/plain",
+        "",
+    ],
+)
+def test_odd_content_types_never_500(payment, content_type, settings):
+    body = raw(event_body(payment))
+    header = sign(secret=settings.PAYMENT_PROVIDER_SECRET, body=body)
+    response = APIClient().generic(
+        "POST",
+        "/api/v1/payments/callback",
+        body,
+        content_type=content_type,
+        headers={"X-Provider-Signature": header},
+    )
+    assert response.status_code in (200, 400), response.content
