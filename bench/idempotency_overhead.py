@@ -99,7 +99,8 @@ def drive(port, token, clients, seconds, make_request) -> dict:
 
 def preorders() -> int:
     with psycopg.connect(f"{PG}/{DB}") as conn:
-        return conn.execute("SELECT count(*) FROM orders_preorder").fetchone()[0]
+        row = conn.execute("SELECT count(*) FROM orders_preorder").fetchone()
+        return row[0] if row else 0
 
 
 def burst(port, token, width: int) -> int:

@@ -4,6 +4,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from idempotency.decorators import idempotent
+from ledger.apis import authenticated
 from ledger.urls import urlpatterns as project_urls
 from orders.services import preorder_create
 
@@ -15,7 +16,7 @@ class BenchPreorderApi(APIView):
     # With a key the request goes through the layer; without one it does not.
     @idempotent("bench.preorder", default="optional")
     def post(self, request: Request) -> Response:
-        preorder = preorder_create(owner=request.user)
+        preorder = preorder_create(owner=authenticated(request))
         return Response({"merchant_order_no": preorder.merchant_order_no}, status=201)
 
 

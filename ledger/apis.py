@@ -1,4 +1,7 @@
+from typing import cast
+
 from django.conf import settings
+from django.contrib.auth.base_user import AbstractBaseUser
 from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serializer
 from rest_framework import serializers
 from rest_framework.pagination import CursorPagination
@@ -8,6 +11,11 @@ from rest_framework.views import APIView
 
 from .selectors import account_postings
 from .services import wallet_get_or_create
+
+
+def authenticated(request: Request) -> AbstractBaseUser:
+    """The caller; IsAuthenticated (the default permission) has let only users in."""
+    return cast(AbstractBaseUser, request.user)
 
 
 class AccountMeApi(APIView):
@@ -23,7 +31,7 @@ class AccountMeApi(APIView):
     @extend_schema(responses={200: OutputSerializer})
     def get(self, request: Request) -> Response:
         wallet = wallet_get_or_create(
-            user=request.user, currency=settings.LEDGER_DEFAULT_CURRENCY
+            user=authenticated(request), currency=settings.LEDGER_DEFAULT_CURRENCY
         )
         return Response(self.OutputSerializer(wallet).data)
 
@@ -68,7 +76,7 @@ class AccountEntriesApi(APIView):
     )
     def get(self, request: Request) -> Response:
         wallet = wallet_get_or_create(
-            user=request.user, currency=settings.LEDGER_DEFAULT_CURRENCY
+            user=authenticated(request), currency=settings.LEDGER_DEFAULT_CURRENCY
         )
         paginator = NewestFirst()
         page = paginator.paginate_queryset(

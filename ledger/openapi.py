@@ -70,8 +70,8 @@ IDEMPOTENCY_CODES = {
 EXTRA_CODES = {"not_found": 404, "internal_error": 500, "bad_request": 400}
 
 
-def _subclasses(cls: type) -> list[type]:
-    found = []
+def _subclasses(cls: type[DomainError]) -> list[type[DomainError]]:
+    found: list[type[DomainError]] = []
     for sub in cls.__subclasses__():
         found += [sub, *_subclasses(sub)]
     return found
@@ -86,7 +86,7 @@ def problem_codes() -> dict[str, int]:
             continue
     codes = dict(EXTRA_CODES)
     for cls, (code, _title) in _DRF_CODES.items():
-        codes[code] = int(cls.status_code)
+        codes[code] = int(cls.status_code)  # type: ignore[attr-defined]
     for error in _subclasses(DomainError):
         codes[error.code] = error.status
     return dict(sorted(codes.items()))
@@ -109,10 +109,12 @@ class ProblemSerializer(serializers.Serializer):
     code = serializers.ChoiceField(
         choices=[], help_text="Stable and machine-readable; decide on this."
     )
-    errors = serializers.JSONField(
+    # DRF's metaclass takes declared fields off the class, so these two names do
+    # not hide Serializer.errors and Serializer.fields (mypy cannot know that).
+    errors = serializers.JSONField(  # type: ignore[assignment]
         required=False, help_text="validation_error: the invalid fields and why."
     )
-    fields = serializers.ListField(
+    fields = serializers.ListField(  # type: ignore[assignment]
         child=serializers.CharField(),
         required=False,
         help_text="idempotency_key_reused: the top-level fields that differ.",
@@ -120,7 +122,8 @@ class ProblemSerializer(serializers.Serializer):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.fields["code"].choices = list(problem_codes())  # type: ignore[attr-defined]
+        code: Any = self.fields["code"]  # type: ignore[index]
+        code.choices = list(problem_codes())
 
 
 def _description(status: int, codes: list[str]) -> str:

@@ -85,10 +85,12 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
     else:
         detail = str(exc.detail)
     headers = {}
-    if getattr(exc, "auth_header", None):
-        headers["WWW-Authenticate"] = exc.auth_header
-    if getattr(exc, "wait", None) is not None:
-        headers["Retry-After"] = str(int(exc.wait))
+    auth_header = getattr(exc, "auth_header", None)
+    if auth_header:
+        headers["WWW-Authenticate"] = auth_header
+    wait = getattr(exc, "wait", None)
+    if wait is not None:
+        headers["Retry-After"] = str(int(wait))
     body = problem(exc.status_code, code, title, detail, **extra)
     return Response(
         body,

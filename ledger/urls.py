@@ -1,10 +1,10 @@
 from django.contrib import admin
-from django.urls import include, path
+from django.urls import URLPattern, URLResolver, include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from . import apis, views
 
-api_v1 = [
+api_v1: list[URLPattern | URLResolver] = [
     path("", include("idempotency.urls")),
     path("accounts/me", apis.AccountMeApi.as_view(), name="account-me"),
     path(

@@ -8,6 +8,7 @@ and `CELERY_BROKER_URL` switch it to PostgreSQL, Redis and a real broker.
 
 import os
 from pathlib import Path
+from typing import Any
 
 import dj_database_url
 
@@ -92,14 +93,14 @@ TEMPLATES = [
 ]
 
 
-def database_from_url(url: str) -> dict:
+def database_from_url(url: str) -> dict[str, Any]:
     """Build a DATABASES entry; SQLite gets WAL and immediate transactions.
 
     In WAL mode readers never block the writer, and `BEGIN IMMEDIATE` takes the write
     lock when a transaction starts, so a second writer waits (up to `timeout`) instead
     of failing half-way with "database is locked".
     """
-    config = dj_database_url.parse(url)
+    config: dict[str, Any] = dict(dj_database_url.parse(url))
     if config["ENGINE"] == "django.db.backends.sqlite3":
         config["OPTIONS"] = {
             "transaction_mode": "IMMEDIATE",
@@ -220,7 +221,7 @@ CELERY_BEAT_SCHEDULE = {
 }
 CELERY_TIMEZONE = "UTC"
 
-LOGGING = {
+LOGGING: dict[str, Any] = {
     "version": 1,
     "disable_existing_loggers": False,
     "handlers": {"console": {"class": "logging.StreamHandler"}},

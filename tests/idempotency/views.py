@@ -14,6 +14,7 @@ from rest_framework.views import APIView
 
 from idempotency.decorators import idempotent
 from idempotency.engine import Phases
+from ledger.apis import authenticated
 from ledger.exceptions import InsufficientFunds
 from ledger.models import JournalEntry
 from ledger.services import ledger_deposit, wallet_get_or_create
@@ -24,14 +25,14 @@ crashed_once: set[str] = set()
 class DepositInput(serializers.Serializer):
     amount = serializers.IntegerField(min_value=1)
     sleep = serializers.FloatField(required=False, default=0)
-    fail = serializers.ChoiceField(
+    fail = serializers.ChoiceField(  # type: ignore[assignment]  # a field, not .fail()
         choices=["refuse", "crash", "crash_once", "throttle"], required=False
     )
 
 
 def _deposit(request: Request, amount: int, reference: str) -> JournalEntry:
     wallet = wallet_get_or_create(
-        user=request.user, currency=settings.LEDGER_DEFAULT_CURRENCY
+        user=authenticated(request), currency=settings.LEDGER_DEFAULT_CURRENCY
     )
     return ledger_deposit(account_id=wallet.pk, amount=amount, reference=reference)
 

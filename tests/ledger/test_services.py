@@ -27,7 +27,7 @@ pytestmark = pytest.mark.django_db
 
 
 def funded_wallet(amount: int) -> Account:
-    wallet = WalletFactory()
+    wallet: Account = WalletFactory()  # type: ignore[assignment]  # factory -> model
     if amount:
         ledger_deposit(
             account_id=wallet.pk, amount=amount, reference=f"fund:{wallet.pk}"
