@@ -24,7 +24,8 @@ from .models import CallbackNonce
 
 HEADER = "X-Provider-Signature"
 TOLERANCE_SECONDS = 300
-_PARTS = re.compile(r"^t=(\d{1,12}),n=([A-Za-z0-9_-]{8,128}),v1=([0-9a-f]{64})$")
+# A nonce is any 1..128 printable ASCII characters but a comma or a space.
+_PARTS = re.compile(r"^t=(\d{1,12}),n=([!-+\--~]{1,128}),v1=([0-9a-fA-F]{64})$")
 
 
 def mac(secret: str, timestamp: int, nonce: str, body: bytes) -> str:
@@ -81,7 +82,7 @@ def signature_verify(*, header: str | None, body: bytes, secret: str) -> None:
     match = _PARTS.match(header or "")
     if match is None:
         raise CallbackSignatureInvalid("Missing or malformed X-Provider-Signature.")
-    timestamp, nonce, given = int(match[1]), match[2], match[3]
+    timestamp, nonce, given = int(match[1]), match[2], match[3].lower()
     if not hmac.compare_digest(mac(secret, timestamp, nonce, body), given):
         raise CallbackSignatureInvalid("The signature does not match the body.")
     if abs(time.time() - timestamp) > TOLERANCE_SECONDS:
