@@ -4,7 +4,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from idempotency.decorators import idempotent
-from ledger.apis import authenticated
+from ledger.auth import authenticated
 from ledger.urls import urlpatterns as project_urls
 from orders.services import preorder_create
 

@@ -1,7 +1,4 @@
-from typing import cast
-
 from django.conf import settings
-from django.contrib.auth.base_user import AbstractBaseUser
 from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serializer
 from rest_framework import serializers
 from rest_framework.pagination import CursorPagination
@@ -9,13 +6,9 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from .auth import authenticated
 from .selectors import account_postings
 from .services import wallet_get_or_create
-
-
-def authenticated(request: Request) -> AbstractBaseUser:
-    """The caller; IsAuthenticated (the default permission) has let only users in."""
-    return cast(AbstractBaseUser, request.user)
 
 
 class AccountMeApi(APIView):

@@ -64,7 +64,8 @@ class OrderAdmin(admin.ModelAdmin):
 
     @admin.display(description=_("available transitions"))
     def available_transitions(self, order: Order) -> str:
-        names = sorted(t.name for t in order.get_available_status_transitions())
+        transitions = order.get_available_status_transitions()  # type: ignore[attr-defined]  # added by django-fsm
+        names = sorted(t.name for t in transitions)
         return ", ".join(names) or "—"
 
     def _transition(self, request: HttpRequest, queryset: QuerySet, service) -> None:

@@ -8,6 +8,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from idempotency.decorators import idempotent
+from ledger.auth import authenticated
 
 from .fields import (
     MAX_AMOUNT,
@@ -66,7 +67,7 @@ class PreOrderCreateApi(APIView):
     @extend_schema(request=None, responses={201: OutputSerializer})
     @idempotent("orders.preorder", default="optional")
     def post(self, request: Request) -> Response:
-        preorder = preorder_create(owner=request.user)
+        preorder = preorder_create(owner=authenticated(request))
         return Response(
             self.OutputSerializer(preorder).data, status=status.HTTP_201_CREATED
         )
@@ -95,7 +96,7 @@ class OrderCreateApi(APIView):
         serializer.is_valid(raise_exception=True)
         data = serializer.validated_data
         order = order_create(
-            owner=request.user,
+            owner=authenticated(request),
             merchant_order_no=data["merchant_order_no"],
             amount=data["amount"],
             currency=data.get("currency") or settings.LEDGER_DEFAULT_CURRENCY,
@@ -111,7 +112,9 @@ class OrderCreateApi(APIView):
 class OrderDetailApi(APIView):
     @extend_schema(responses={200: OrderOutputSerializer})
     def get(self, request: Request, merchant_order_no: str) -> Response:
-        order = order_get(owner=request.user, merchant_order_no=merchant_order_no)
+        order = order_get(
+            owner=authenticated(request), merchant_order_no=merchant_order_no
+        )
         return order_response(order)
 
 
@@ -123,5 +126,7 @@ class OrderCancelApi(APIView):
     )
     @idempotent("orders.cancel")
     def post(self, request: Request, merchant_order_no: str) -> Response:
-        order = order_get(owner=request.user, merchant_order_no=merchant_order_no)
+        order = order_get(
+            owner=authenticated(request), merchant_order_no=merchant_order_no
+        )
         return order_response(order_cancel(order_id=order.pk))

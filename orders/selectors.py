@@ -1,4 +1,4 @@
-from django.contrib.auth.models import AbstractBaseUser
+from django.contrib.auth.models import AbstractBaseUser, User
 from django.db.models import QuerySet
 from django.shortcuts import get_object_or_404
 
@@ -22,9 +22,7 @@ def order_find(*, owner: AbstractBaseUser, merchant_order_no: str) -> Order | No
     ).first()
 
 
-def preorder_find(
-    *, owner: AbstractBaseUser, merchant_order_no: str
-) -> PreOrder | None:
+def preorder_find(*, owner: User, merchant_order_no: str) -> PreOrder | None:
     """The pre-order that issued that number to the owner, or None."""
     if not merchant_order_no:
         return None

@@ -11,6 +11,7 @@ from django.urls import reverse
 from django.utils.translation import gettext as _
 from django.views.decorators.http import require_GET, require_POST
 
+from ledger.auth import authenticated
 from ledger.exceptions import InsufficientFunds
 from ledger.selectors import account_postings
 from ledger.services import wallet_get_or_create
@@ -48,7 +49,7 @@ def home(request: HttpRequest) -> HttpResponse:
 @login_required
 @require_GET
 def orders_page(request: HttpRequest) -> HttpResponse:
-    orders = order_list(owner=request.user)[:50]
+    orders = order_list(owner=authenticated(request))[:50]
     return render(request, "orders/order_list.html", {"orders": orders})
 
 
@@ -68,7 +69,7 @@ def order_new(request: HttpRequest) -> HttpResponse:
             token = form.cleaned_data["token"]
             try:
                 order = order_create(
-                    owner=request.user,
+                    owner=authenticated(request),
                     merchant_order_no=token,
                     amount=form.amount_minor_units(),
                     currency=currency,
@@ -85,7 +86,9 @@ def order_new(request: HttpRequest) -> HttpResponse:
                 form = OrderForm(
                     initial={
                         **form.cleaned_data,
-                        "token": preorder_create(owner=request.user).merchant_order_no,
+                        "token": preorder_create(
+                            owner=authenticated(request)
+                        ).merchant_order_no,
                     }
                 )
             else:
@@ -94,21 +97,23 @@ def order_new(request: HttpRequest) -> HttpResponse:
         elif "token" in form.errors:
             # A mangled token cannot name any order: show the form with a fresh one.
             data = request.POST.copy()
-            data["token"] = preorder_create(owner=request.user).merchant_order_no
+            data["token"] = preorder_create(
+                owner=authenticated(request)
+            ).merchant_order_no
             form = OrderForm(data)
             form.is_valid()
     elif request.method == "GET":
         token = request.GET.get("token", "")
-        preorder = preorder_find(owner=request.user, merchant_order_no=token)
-        placed = order_find(owner=request.user, merchant_order_no=token)
+        preorder = preorder_find(owner=authenticated(request), merchant_order_no=token)
+        placed = order_find(owner=authenticated(request), merchant_order_no=token)
         if preorder is None or (placed is None and preorder.is_expired):
             # Issue the token, then show the form at a URL that names it: going back
             # to this page, even when the browser fetches it again, shows the same
             # token, and resubmitting it lands on the same order.
-            preorder = preorder_create(owner=request.user)
+            preorder = preorder_create(owner=authenticated(request))
             query = urlencode({"token": preorder.merchant_order_no})
             return HttpResponseRedirect(f"{reverse('order-new')}?{query}")
-        initial = {"token": preorder.merchant_order_no}
+        initial: dict[str, object] = {"token": preorder.merchant_order_no}
         if placed is not None:
             initial.update(
                 amount=major_units(placed.amount),
@@ -128,7 +133,7 @@ def order_new(request: HttpRequest) -> HttpResponse:
 @login_required
 @require_GET
 def order_detail(request: HttpRequest, merchant_order_no: str) -> HttpResponse:
-    order = order_get(owner=request.user, merchant_order_no=merchant_order_no)
+    order = order_get(owner=authenticated(request), merchant_order_no=merchant_order_no)
     return render(
         request,
         "orders/order_detail.html",
@@ -148,7 +153,7 @@ def order_pay(request: HttpRequest, merchant_order_no: str) -> HttpResponse:
     index make a second click a no-op that says so; a second click on the provider
     button continues the same pending payment (the provider dedupes by order number).
     """
-    order = order_get(owner=request.user, merchant_order_no=merchant_order_no)
+    order = order_get(owner=authenticated(request), merchant_order_no=merchant_order_no)
     try:
         if request.POST.get("method") == Payment.Method.PROVIDER:
             payment = payment_start_with_provider(order_id=order.pk)
@@ -170,7 +175,7 @@ def order_pay(request: HttpRequest, merchant_order_no: str) -> HttpResponse:
 @login_required
 @require_POST
 def order_cancel_view(request: HttpRequest, merchant_order_no: str) -> HttpResponse:
-    order = order_get(owner=request.user, merchant_order_no=merchant_order_no)
+    order = order_get(owner=authenticated(request), merchant_order_no=merchant_order_no)
     try:
         order_cancel(order_id=order.pk)
     except OrderNotCancellable:
@@ -184,7 +189,7 @@ def order_cancel_view(request: HttpRequest, merchant_order_no: str) -> HttpRespo
 @require_GET
 def account(request: HttpRequest) -> HttpResponse:
     wallet = wallet_get_or_create(
-        user=request.user, currency=settings.LEDGER_DEFAULT_CURRENCY
+        user=authenticated(request), currency=settings.LEDGER_DEFAULT_CURRENCY
     )
     postings = account_postings(account=wallet)[:20]
     return render(request, "account.html", {"wallet": wallet, "postings": postings})

@@ -14,7 +14,7 @@ from rest_framework.views import APIView
 
 from idempotency.decorators import idempotent
 from idempotency.engine import Phases
-from ledger.apis import authenticated
+from ledger.auth import authenticated
 from ledger.exceptions import InsufficientFunds
 from ledger.models import JournalEntry
 from ledger.services import ledger_deposit, wallet_get_or_create
