@@ -4,11 +4,15 @@ import pytest
 
 from ledger.invariants import ledger_report
 from ledger.models import JournalEntry
-from ledger.services import merchant_account
+from ledger.services import external_account, merchant_account
 from orders.models import Order
 from payments.exceptions import AlreadyRefunded, PaymentNotRefundable
-from payments.models import Payment, Refund
-from payments.services import payment_pay_with_balance, payment_refund
+from payments.models import Payment, ProviderEvent, Refund
+from payments.services import (
+    payment_pay_with_balance,
+    payment_refund,
+    provider_event_process,
+)
 from tests.conftest import run_in_threads
 from tests.orders.helpers import (
     assert_problem,
@@ -17,6 +21,7 @@ from tests.orders.helpers import (
     new_key,
     place_order,
 )
+from tests.payments.helpers import event_body, pending_provider_payment, post_callback
 
 pytestmark = pytest.mark.django_db
 
@@ -146,4 +151,19 @@ def test_racing_refunds_under_different_keys_credit_once(on_postgres):
     assert Refund.objects.filter(payment=payment).count() == 1
     order.refresh_from_db()
     assert order.status == Order.Status.REFUNDED
+    assert ledger_report()["ok"]
+
+
+def test_a_provider_payment_is_refunded_back_out_through_the_provider():
+    user, client, wallet = customer("june")
+    payment = pending_provider_payment(place_order(user, amount=800))
+    assert post_callback(event_body(payment)).status_code == 200
+    provider_event_process(event_id=ProviderEvent.objects.get().pk)
+    assert balance(merchant_account(currency="CNY")) == 800
+    response = refund(client, payment.pk)
+    assert response.status_code == 201, response.content
+    assert response.json()["order_status"] == "refunded"
+    assert balance(merchant_account(currency="CNY")) == 0
+    assert balance(external_account(currency="CNY")) == 0
+    assert balance(wallet) == 0  # the money goes back where it came from
     assert ledger_report()["ok"]
