@@ -66,7 +66,9 @@ def test_any_value_change_changes_the_fingerprint(body, data):
     assert fp(json.dumps(body)) != fp(json.dumps(changed))
     first = fingerprint("POST", "/x", json.dumps(body).encode())[1]
     now = fingerprint("POST", "/x", json.dumps(changed).encode())[1]
-    assert changed_fields(first, now) == [field]
+    (named,) = changed_fields(first, now)
+    # A name the database cannot store (NUL, a lone surrogate) is named JSON-escaped.
+    assert named == field or json.loads(named) == field
 
 
 def test_numbers_are_kept_as_written():
