@@ -36,6 +36,7 @@ beat: install
 lint: install-dev
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/mypy .
 
 test: install-dev lint
 	$(BIN)/pytest

@@ -25,7 +25,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from functools import cache
-from typing import Any
+from typing import Any, cast
 
 import redis as redis_lib
 from django.conf import settings
@@ -201,7 +201,7 @@ def _statements(vendor: str) -> tuple[str, str]:
     """
     quote = connection.ops.quote_name
     table = quote(IdempotencyRecord._meta.db_table)
-    columns = ", ".join(quote(f.column) for f in _COLUMNS)
+    columns = ", ".join(quote(cast(str, f.column)) for f in _COLUMNS)
     placeholders = ", ".join(["%s"] * len(_COLUMNS))
     insert = (
         f"INSERT INTO {table} ({columns}) VALUES ({placeholders}) "  # noqa: S608
@@ -256,6 +256,16 @@ def _answer_existing(record: IdempotencyRecord, call: Call) -> HttpResponse:
         return replay(_record_stored(record))
     metrics.count("in_flight")
     raise IdempotencyKeyInFlight()
+
+
+def _answer_winner(call: Call) -> HttpResponse:
+    """We lost the race for the key: answer with the winner's record. If it is gone
+    again already (it expired in between), the client's retry will run afresh."""
+    record = _existing(call)
+    if record is None:
+        metrics.count("in_flight")
+        raise IdempotencyKeyInFlight()
+    return _answer_existing(record, call)
 
 
 class _Discard(Exception):
@@ -327,7 +337,7 @@ def _execute_atomic(
     except _Discard as discarded:
         return _store_refusal(call, discarded.response)
     except _LostRace:
-        return _answer_existing(_existing(call), call), None
+        return _answer_winner(call), None
     metrics.count("executed")
     return response, stored
 
@@ -358,7 +368,7 @@ def _store_refusal(
     with transaction.atomic():
         inserted = _insert(_finished_record(call, stored))
     if not inserted:
-        return _answer_existing(_existing(call), call), None
+        return _answer_winner(call), None
     metrics.count("executed")
     return response, stored
 
@@ -372,13 +382,11 @@ def _claim(call: Call, started: float) -> Phases | HttpResponse:
         if _insert(record):
             metrics.lock_wait.observe(time.perf_counter() - started)
             return Phases(record.pk, record.recovery_point, {}, locked_until)
-        record = _existing(call, for_update=True)
-        if record is None:  # expired and forgotten just now: start afresh
-            record = _new_record(
-                call, status=Status.PROCESSING, locked_until=locked_until
-            )
+        held = _existing(call, for_update=True)
+        if held is None:  # expired and forgotten just now: start afresh
             _insert(record)
             return Phases(record.pk, record.recovery_point, {}, locked_until)
+        record = held
         if (
             record.fingerprint != call.fingerprint
             or record.finished

@@ -13,7 +13,7 @@ record that remembers the answer, so callers are allowed to wrap them.
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 
-from django.contrib.auth.models import AbstractBaseUser
+from django.contrib.auth.models import User
 from django.db import IntegrityError, transaction
 from django.db.models import F, Q
 
@@ -147,7 +147,7 @@ def merchant_account(*, currency: str) -> Account:
     return account
 
 
-def wallet_get_or_create(*, user: AbstractBaseUser, currency: str) -> Account:
+def wallet_get_or_create(*, user: User, currency: str) -> Account:
     """Return the user's wallet in `currency`, creating it once (a unique constraint
     settles a race between two first requests)."""
     try:
@@ -256,7 +256,7 @@ def account_close(*, account_id: int) -> Account:
 
 def customer_get_or_create(
     *, username: str, password: str | None = None, currency: str
-) -> tuple[AbstractBaseUser, str, Account]:
+) -> tuple[User, str, Account]:
     """Return (user, API token, wallet) for `username`, creating what is missing.
 
     Running it again returns the same user and token; a given password replaces the

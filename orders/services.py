@@ -8,7 +8,7 @@ the order and "this key is done" commit together.
 from datetime import timedelta
 
 from django.conf import settings
-from django.contrib.auth.models import AbstractBaseUser
+from django.contrib.auth.models import User
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 from django_fsm import ConcurrentTransition, can_proceed
@@ -25,7 +25,7 @@ from .exceptions import (
 from .models import Order, PreOrder
 
 
-def preorder_create(*, owner: AbstractBaseUser) -> PreOrder:
+def preorder_create(*, owner: User) -> PreOrder:
     """Issue a fresh merchant order number to `owner`, usable until it expires.
 
     The number is a Snowflake id: unique without asking the database, roughly ordered
@@ -40,7 +40,7 @@ def preorder_create(*, owner: AbstractBaseUser) -> PreOrder:
 
 def order_create(
     *,
-    owner: AbstractBaseUser,
+    owner: User,
     merchant_order_no: str,
     amount: int,
     currency: str,

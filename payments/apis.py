@@ -10,6 +10,7 @@ from rest_framework.views import APIView
 
 from idempotency.decorators import idempotent
 from idempotency.engine import Phases
+from ledger.auth import authenticated
 from orders.apis import IDEMPOTENCY_KEY
 from orders.fields import (
     MAX_AMOUNT,
@@ -73,7 +74,9 @@ class OrderPayApi(APIView):
     def _input(self, request: Request, merchant_order_no: str):
         serializer = self.InputSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
-        order = order_get(owner=request.user, merchant_order_no=merchant_order_no)
+        order = order_get(
+            owner=authenticated(request), merchant_order_no=merchant_order_no
+        )
         return order, serializer.validated_data["method"]
 
     @idempotent("orders.pay")
@@ -144,7 +147,7 @@ class PaymentRefundApi(APIView):
     def post(self, request: Request, payment_id: int) -> Response:
         serializer = self.InputSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
-        payment = payment_get(owner=request.user, payment_id=payment_id)
+        payment = payment_get(owner=authenticated(request), payment_id=payment_id)
         refund = payment_refund(
             payment_id=payment.pk,
             reason=serializer.validated_data.get("reason", "requested"),

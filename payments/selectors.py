@@ -1,4 +1,4 @@
-from django.contrib.auth.models import AbstractBaseUser
+from django.contrib.auth.models import User
 from django.db.models import QuerySet
 from django.http import Http404
 from django.shortcuts import get_object_or_404
@@ -13,7 +13,7 @@ def payment_list(*, order: Order) -> QuerySet[Payment]:
     return Payment.objects.filter(order=order).order_by("-id")
 
 
-def payment_get(*, owner: AbstractBaseUser, payment_id: int) -> Payment:
+def payment_get(*, owner: User, payment_id: int) -> Payment:
     """The owner's payment; 404 for anyone else's or an unknown one."""
     if not 0 < payment_id < 2**63:
         raise Http404("no such payment")

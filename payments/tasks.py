@@ -5,6 +5,8 @@ ran, so a worker killed mid-task gets it redelivered; every service called here
 re-reads its rows under a lock and returns early when the work is already done.
 """
 
+from typing import Any
+
 from celery import shared_task
 from django.conf import settings
 from django.db import DatabaseError
@@ -12,7 +14,7 @@ from django.db import DatabaseError
 from . import services
 from .exceptions import ProviderUnavailable
 
-RETRY = {
+RETRY: dict[str, Any] = {
     "acks_late": True,
     "autoretry_for": (DatabaseError, ConnectionError, OSError),
     "max_retries": 8,

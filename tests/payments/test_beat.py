@@ -82,6 +82,7 @@ def settle_at_provider(pay_url: str, action: str) -> None:
     with httpx.Client(timeout=10) as browser:
         page = browser.get(pay_url)
         token = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', page.text)
+        assert token, page.text
         browser.post(pay_url, data={"csrfmiddlewaretoken": token[1], "action": action})
 
 

@@ -72,6 +72,7 @@ def confirm_on_the_pay_page(pay_url: str, action: str = "confirm") -> None:
         page = browser.get(pay_url)
         assert page.status_code == 200 and 'data-status="PENDING"' in page.text
         token = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', page.text)
+        assert token, page.text
         answer = browser.post(
             pay_url, data={"csrfmiddlewaretoken": token[1], "action": action}
         )
