@@ -1,11 +1,12 @@
 from django.contrib import admin
-from django.http import HttpRequest
+
+from ledger.admin import ReadOnlyAdmin
 
 from .models import Payment, ProviderEvent, Refund, Shipment
 
 
 @admin.register(Payment)
-class PaymentAdmin(admin.ModelAdmin):
+class PaymentAdmin(ReadOnlyAdmin):
     """Payments are records of money that moved: read-only here; refunds go through
     their service so the ledger moves with them."""
 
@@ -37,18 +38,9 @@ class PaymentAdmin(admin.ModelAdmin):
         "pay_url",
     )
 
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj=None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj=None) -> bool:
-        return False
-
 
 @admin.register(Refund)
-class RefundAdmin(admin.ModelAdmin):
+class RefundAdmin(ReadOnlyAdmin):
     """Refunds are made by `payment_refund` (money moves with them): read-only."""
 
     list_display = ("id", "payment", "amount", "currency", "reason", "created_at")
@@ -63,29 +55,9 @@ class RefundAdmin(admin.ModelAdmin):
         "created_at",
     )
 
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj=None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj=None) -> bool:
-        return False
-
-
-class _ReadOnly(admin.ModelAdmin):
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj=None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj=None) -> bool:
-        return False
-
 
 @admin.register(ProviderEvent)
-class ProviderEventAdmin(_ReadOnly):
+class ProviderEventAdmin(ReadOnlyAdmin):
     """The inbox of provider callbacks, as received."""
 
     list_display = ("event_id", "payment", "kind", "status", "outcome", "received_at")
@@ -94,6 +66,6 @@ class ProviderEventAdmin(_ReadOnly):
 
 
 @admin.register(Shipment)
-class ShipmentAdmin(_ReadOnly):
+class ShipmentAdmin(ReadOnlyAdmin):
     list_display = ("order", "status", "created_at", "dispatched_at")
     list_filter = ("status",)
