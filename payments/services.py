@@ -60,6 +60,14 @@ def payment_reference(order: Order) -> str:
     return f"payment:{order.pk}"
 
 
+def _succeeded(payment: Payment, entry: JournalEntry) -> None:
+    """Take the `succeed` edge and note the ledger entry that moved the money; the
+    caller saves (with whatever else it changed)."""
+    payment.succeed()
+    payment.journal_entry = entry
+    payment.succeeded_at = timezone.now()
+
+
 def payment_pay_with_balance(*, order_id: int) -> Payment:
     """Debit the owner's wallet, credit the merchant and mark the order paid, once.
 
@@ -93,9 +101,7 @@ def payment_pay_with_balance(*, order_id: int) -> Payment:
             kind=JournalEntry.Kind.PAYMENT,
             description=f"Order {order.merchant_order_no}",
         )
-        payment.succeed()
-        payment.journal_entry = entry
-        payment.succeeded_at = timezone.now()
+        _succeeded(payment, entry)
         payment.save(
             update_fields=["status", "journal_entry", "succeeded_at", "updated_at"]
         )
@@ -259,9 +265,7 @@ def payment_settle(*, payment_id: int, provider_txn_id: str) -> Payment:
             kind=JournalEntry.Kind.PAYMENT,
             description=f"Order {order.merchant_order_no} via provider",
         )
-        payment.succeed()
-        payment.journal_entry = entry
-        payment.succeeded_at = timezone.now()
+        _succeeded(payment, entry)
         if not payment.provider_txn_id:
             payment.provider_txn_id = provider_txn_id
         if order.status != Order.Status.PENDING_PAYMENT:
