@@ -5,7 +5,7 @@ BIN := $(CURDIR)/$(VENV)/bin
 PORT ?= 8000
 export PATH := $(BIN):$(PATH)
 
-.PHONY: install install-dev run worker beat test lint migrate bench
+.PHONY: install install-dev run worker beat test lint migrate bench bench-idempotency
 
 $(VENV)/.installed-run: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -44,5 +44,5 @@ test: install-dev lint
 		tests/idempotency/test_concurrency.py tests/idempotency/test_housekeeping.py
 
 # Prints figures; needs PostgreSQL and Redis on 127.0.0.1 (not part of `make test`).
-bench: install-dev
+bench-idempotency: install-dev
 	$(BIN)/python bench/idempotency_overhead.py
