@@ -31,6 +31,7 @@ from .engine import Call, Phases, execute
 from .exceptions import IdempotencyKeyInvalid, IdempotencyKeyMissing
 from .fastpath import credential_digest
 from .fingerprint import fingerprint, key_is_valid
+from .middleware import FAST_PATH
 
 HEADER = "Idempotency-Key"
 
@@ -94,7 +95,8 @@ def idempotent(
 
             if call is None:
                 return run(None)
-            return execute(call, run, phased=phased)
+            taken = getattr(request._request, FAST_PATH, None)
+            return execute(call, run, phased=phased, taken=taken)
 
         # Read by the OpenAPI schema (ledger.openapi) to document the header.
         wrapper.idempotency = {  # type: ignore[attr-defined]

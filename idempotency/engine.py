@@ -268,6 +268,20 @@ def _answer_winner(call: Call) -> HttpResponse:
     return _answer_existing(record, call)
 
 
+def _begin(call: Call) -> fastpath.FastPath:
+    """The fast path's begin; on a Redis error, the fallback or the refusal."""
+    try:
+        return fastpath.begin(
+            call.scope, call.key, settings.IDEMPOTENCY_LEASE_SECONDS * 1000
+        )
+    except redis_lib.RedisError:
+        if settings.IDEMPOTENCY_REDIS_FAILURE == "refuse":
+            metrics.count("refused")
+            raise IdempotencyUnavailable() from None
+        metrics.count("fallback")
+        return fastpath.FastPath(available=False)
+
+
 class _Discard(Exception):
     """Roll the transaction back; the response is returned, maybe stored afterwards."""
 
@@ -275,18 +289,24 @@ class _Discard(Exception):
         self.response = response
 
 
-def execute(call: Call, run: Run, *, phased: bool = False) -> HttpResponse:
-    """Let `run` take effect at most once per scope and key (see the module doc)."""
-    lease_ms = settings.IDEMPOTENCY_LEASE_SECONDS * 1000
+def execute(
+    call: Call,
+    run: Run,
+    *,
+    phased: bool = False,
+    taken: fastpath.FastPath | None = None,
+) -> HttpResponse:
+    """Let `run` take effect at most once per scope and key (see the module doc).
+
+    `taken` is a Redis lock the caller already holds for this request (the replay
+    middleware takes it in the same round trip as its cache lookup); the engine then
+    finishes with it instead of making its own begin.
+    """
     started = time.perf_counter()
-    try:
-        fast = fastpath.begin(call.scope, call.key, lease_ms)
-    except redis_lib.RedisError:
-        if settings.IDEMPOTENCY_REDIS_FAILURE == "refuse":
-            metrics.count("refused")
-            raise IdempotencyUnavailable() from None
-        metrics.count("fallback")
-        fast = fastpath.FastPath(available=False)
+    if taken is not None and taken.locked and taken.belongs_to(call.scope, call.key):
+        fast = taken
+    else:
+        fast = _begin(call)
     if fast.cached is not None and fast.cached.fingerprint == call.fingerprint:
         return replay(fast.cached)  # check 1: answered without the database
     if fast.busy:

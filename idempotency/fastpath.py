@@ -4,8 +4,11 @@ Redis is an optimisation, never the truth. It lets a burst of duplicates get 409
 replay without touching the database; the database's unique constraint still decides
 who executes. Losing Redis (or its data) therefore costs speed, never correctness.
 
-Each request costs two round trips: `begin` (replay from the cache, or take the lock,
-or report who holds it) and `finish` (cache the response, release our lock).
+Each request costs two round trips: a begin (replay from the cache, or take the lock,
+or report who holds it) and `finish` (cache the response, release our lock). The begin
+is usually made by the replay middleware, before Django authenticates the caller
+(`begin_for_credential`); the engine adopts the lock it took. Only a caller Redis does
+not know yet pays for the engine's own `begin`.
 """
 
 import base64
@@ -41,13 +44,20 @@ if KEYS[3] ~= '' then redis.call('SET', KEYS[3], ARGV[4], 'PX', ARGV[5]) end
 return 1
 """
 
-# KEYS: credential. ARGV: key hash. The caller's cached response, or nil.
-# (It names a second key from the first's value, which a Redis Cluster would refuse;
-# this project runs a single Redis, where one round trip is the point.)
-_PEEK = """
+# KEYS: credential. ARGV: key hash, token, lease ms, lock prefix, response prefix.
+# `_BEGIN` for a caller known only by a digest of its credential. Returns {0} (unknown
+# caller) or `_BEGIN`'s answer with the caller's scope appended:
+# {1, cached, scope} | {2, scope} | {3, scope}.
+# (It names keys from the first key's value, which a Redis Cluster would refuse; this
+# project runs a single Redis, where one round trip is the point.)
+_BEGIN_FOR_CREDENTIAL = """
 local scope = redis.call('GET', KEYS[1])
-if not scope then return false end
-return redis.call('GET', 'idem:resp:' .. scope .. ':' .. ARGV[1])
+if not scope then return {0} end
+local cached = redis.call('GET', ARGV[5] .. scope .. ':' .. ARGV[1])
+if cached then return {1, cached, scope} end
+local lock = ARGV[4] .. scope .. ':' .. ARGV[1]
+if redis.call('SET', lock, ARGV[2], 'NX', 'PX', ARGV[3]) then return {2, scope} end
+return {3, scope}
 """
 
 # How long a credential → scope entry lives: the bound on how long a revoked API token
@@ -89,6 +99,11 @@ class FastPath:
     token: str = ""
     lock_key: str = ""
     response_key: str = ""
+    scope: str = ""
+    key: str = ""
+
+    def belongs_to(self, scope: str, key: str) -> bool:
+        return self.available and (self.scope, self.key) == (scope, key)
 
 
 @cache
@@ -97,8 +112,11 @@ def _scripts(client: redis_lib.Redis) -> tuple[Script, Script, Script]:
     return (
         client.register_script(_BEGIN),
         client.register_script(_FINISH),
-        client.register_script(_PEEK),
+        client.register_script(_BEGIN_FOR_CREDENTIAL),
     )
+
+
+LOCK_PREFIX, RESPONSE_PREFIX = "idem:lock:", "idem:resp:"
 
 
 def _key_hash(key: str) -> str:
@@ -108,7 +126,18 @@ def _key_hash(key: str) -> str:
 
 def _names(scope: str, key: str) -> tuple[str, str]:
     digest = _key_hash(key)
-    return f"idem:lock:{scope}:{digest}", f"idem:resp:{scope}:{digest}"
+    return f"{LOCK_PREFIX}{scope}:{digest}", f"{RESPONSE_PREFIX}{scope}:{digest}"
+
+
+def _outcome(fast: FastPath, reply: Any) -> FastPath:
+    """Fill in a begin script's answer: {1, cached} | {2} | {3}."""
+    if reply[0] == 1:
+        fast.cached = StoredResponse.loads(reply[1])
+    elif reply[0] == 2:
+        fast.locked = True
+    else:
+        fast.busy = True
+    return fast
 
 
 def credential_digest(authorization: str | None) -> str:
@@ -132,15 +161,47 @@ def begin(scope: str, key: str, lease_ms: int) -> FastPath:
     begin_script, _, _ = _scripts(client)
     reply: Any = begin_script(keys=[lock_key, response_key], args=[token, lease_ms])
     fast = FastPath(
-        available=True, token=token, lock_key=lock_key, response_key=response_key
+        available=True,
+        token=token,
+        lock_key=lock_key,
+        response_key=response_key,
+        scope=scope,
+        key=key,
     )
-    if reply[0] == 1:
-        fast.cached = StoredResponse.loads(reply[1])
-    elif reply[0] == 2:
-        fast.locked = True
-    else:
-        fast.busy = True
-    return fast
+    return _outcome(fast, reply)
+
+
+def begin_for_credential(credential: str, key: str, lease_ms: int) -> FastPath | None:
+    """`begin` for a caller known by the digest of its API token, before anyone has
+    authenticated it: the token maps to the scope the engine last saw it use (see
+    `finish`). None for a caller Redis does not know (or when Redis fails): the engine
+    then makes its own `begin`.
+    """
+    client = get_redis()
+    if client is None or not credential:
+        return None
+    token, digest = secrets.token_hex(8), _key_hash(key)
+    _, _, begin_script = _scripts(client)
+    try:
+        reply: Any = begin_script(
+            keys=[f"idem:cred:{credential}"],
+            args=[digest, token, lease_ms, LOCK_PREFIX, RESPONSE_PREFIX],
+        )
+    except redis_lib.RedisError:
+        return None
+    if reply[0] == 0:
+        return None
+    scope = reply[-1].decode()
+    lock_key, response_key = _names(scope, key)
+    fast = FastPath(
+        available=True,
+        token=token,
+        lock_key=lock_key,
+        response_key=response_key,
+        scope=scope,
+        key=key,
+    )
+    return _outcome(fast, reply)
 
 
 def finish(
@@ -151,7 +212,11 @@ def finish(
     scope: str = "",
     credential: str = "",
 ) -> None:
-    """Cache the finished response (if any) and release our lock; best effort."""
+    """Cache the finished response (if any) and release our lock; best effort.
+
+    A finished response also maps the caller's credential to its scope, which is how
+    `begin_for_credential` knows the caller next time.
+    """
     client = get_redis()
     if client is None or not fast.available or not (fast.locked or stored):
         return
@@ -159,6 +224,7 @@ def finish(
     # On a Redis error the lock expires by itself; the database holds the response.
     _, finish_script, _ = _scripts(client)
     credential_key = f"idem:cred:{credential}" if stored and credential else ""
+    fast.locked = False
     with contextlib.suppress(redis_lib.RedisError):
         finish_script(
             keys=[fast.lock_key, fast.response_key, credential_key],
@@ -166,15 +232,7 @@ def finish(
         )
 
 
-def peek(credential: str, key: str) -> StoredResponse | None:
-    """The cached finished response for this credential's key, in one round trip;
-    None when anything is missing (the caller then takes the ordinary path)."""
-    client = get_redis()
-    if client is None or not credential:
-        return None
-    _, _, peek_script = _scripts(client)
-    try:
-        raw = peek_script(keys=[f"idem:cred:{credential}"], args=[_key_hash(key)])
-    except redis_lib.RedisError:
-        return None
-    return StoredResponse.loads(raw) if raw else None
+def release(fast: FastPath) -> None:
+    """Give back a lock nobody used (best effort; it would expire by itself)."""
+    if fast.locked:
+        finish(fast, None, 0)

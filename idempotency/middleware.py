@@ -1,16 +1,20 @@
-"""Replay finished requests from Redis before the rest of the stack runs.
+"""Begin idempotent requests in Redis before the rest of the stack runs.
 
 A retry of a finished request is the commonest thing an idempotent API sees, and the
 cheapest to answer: the response is already in the Redis cache. Going through every
 middleware, URL routing, DRF and a token lookup in the database first would cost more
-than the original write did. This middleware, first in `MIDDLEWARE`, answers it in one
-Redis round trip instead:
+than the original write did. This middleware, first in `MIDDLEWARE`, makes the fast
+path's begin in one Redis round trip instead (`fastpath.begin_for_credential`):
 
 * only for a mutating request with an `Idempotency-Key` and an API token;
 * the token's digest maps to the caller's scope (written by the engine when one of the
   caller's requests finished, kept for `fastpath.CREDENTIAL_MS`), so nobody but the
   key's owner can be answered, and an unknown token never is;
-* only when the fingerprint (method, path, canonical body) matches the stored one.
+* a cached response is replayed only when the fingerprint (method, path, canonical
+  body) matches the stored one;
+* otherwise the lock the same round trip took is handed to the engine on the request
+  (`FAST_PATH`), so a first execution makes no second begin; if no idempotent view
+  adopts it (another endpoint, a failed authentication), it is released here.
 
 Anything else, including any Redis error, falls through to the ordinary path, which
 answers the same way, only slower. So this is purely a shortcut: removing it from
@@ -22,11 +26,13 @@ from collections.abc import Callable
 from django.conf import settings
 from django.http import HttpRequest, HttpResponse
 
+from . import fastpath
 from .engine import replay
-from .fastpath import credential_digest, peek
 from .fingerprint import fingerprint, key_is_valid
 
 MUTATING = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+# The request attribute that carries a lock taken here to the engine.
+FAST_PATH = "idempotency_fast_path"
 
 
 class ReplayMiddleware:
@@ -34,18 +40,29 @@ class ReplayMiddleware:
         self.get_response = get_response
 
     def __call__(self, request: HttpRequest) -> HttpResponse:
-        return self.cached_replay(request) or self.get_response(request)
+        fast = self.begin(request)
+        if fast is None:
+            return self.get_response(request)
+        if fast.cached is not None:
+            digest, _ = fingerprint(request.method or "", request.path, request.body)
+            if fast.cached.fingerprint == digest:
+                return replay(fast.cached)
+            return self.get_response(request)  # the engine answers 422
+        if not fast.locked:
+            return self.get_response(request)  # busy: the engine answers 409
+        setattr(request, FAST_PATH, fast)
+        try:
+            return self.get_response(request)
+        finally:
+            fastpath.release(fast)  # a no-op when the engine finished with it
 
     @staticmethod
-    def cached_replay(request: HttpRequest) -> HttpResponse | None:
+    def begin(request: HttpRequest) -> fastpath.FastPath | None:
         if request.method not in MUTATING or not settings.REDIS_URL:
             return None
         key = request.headers.get("Idempotency-Key")
-        credential = credential_digest(request.headers.get("Authorization"))
+        credential = fastpath.credential_digest(request.headers.get("Authorization"))
         if not key or not credential or not key_is_valid(key):
             return None
-        stored = peek(credential, key)
-        if stored is None:
-            return None
-        digest, _ = fingerprint(request.method or "", request.path, request.body)
-        return replay(stored) if stored.fingerprint == digest else None
+        lease_ms = settings.IDEMPOTENCY_LEASE_SECONDS * 1000
+        return fastpath.begin_for_credential(credential, key, lease_ms)

@@ -260,6 +260,43 @@ def test_a_cached_replay_is_answered_before_django_runs(
     assert alice.deposits() == 1
 
 
+def redis_round_trips(monkeypatch) -> list[str]:
+    """Record every command this process sends to Redis (they still run for real)."""
+    sent: list[str] = []
+    client = get_redis()
+    assert client is not None
+    send = client.execute_command
+
+    def counting(*args, **options):
+        sent.append(str(args[0]))
+        return send(*args, **options)
+
+    monkeypatch.setattr(client, "execute_command", counting)
+    return sent
+
+
+def test_a_known_caller_executes_in_two_redis_round_trips(
+    alice, key, monkeypatch, needs_redis
+):
+    alice.post(DEPOSITS, {"amount": 5}, f"{key}-earlier")  # Redis now knows alice
+    sent = redis_round_trips(monkeypatch)
+    response = alice.post(DEPOSITS, {"amount": 5}, key)
+    assert response.status_code == 201 and alice.deposits() == 2
+    # The middleware's begin took the lock the engine used; finish released it.
+    assert sent == ["EVALSHA", "EVALSHA"]
+    assert not get_redis().keys("idem:lock:*")
+    assert alice.post(DEPOSITS, {"amount": 5}, key)["Idempotent-Replayed"] == "true"
+
+
+def test_a_lock_no_idempotent_view_adopts_is_released(alice, key, needs_redis):
+    alice.post(DEPOSITS, {"amount": 5}, f"{key}-earlier")
+    # The middleware takes the lock before it knows where the request goes.
+    missing = alice.post("/test/no-such-endpoint", {"amount": 5}, key)
+    assert missing.status_code == 404
+    assert not get_redis().keys("idem:lock:*")
+    assert alice.post(DEPOSITS, {"amount": 5}, key).status_code == 201
+
+
 def test_the_shortcut_never_answers_another_token_or_request(alice, bob, key):
     alice.post(DEPOSITS, {"amount": 5}, key)
     # Bob's token maps to Bob's scope: his request with Alice's key runs for him.
