@@ -24,7 +24,8 @@ class AccountMeApi(APIView):
     @extend_schema(responses={200: OutputSerializer})
     def get(self, request: Request) -> Response:
         wallet = wallet_get_or_create(
-            user=authenticated(request), currency=settings.LEDGER_DEFAULT_CURRENCY
+            owner_id=authenticated(request).pk,
+            currency=settings.LEDGER_DEFAULT_CURRENCY,
         )
         return Response(self.OutputSerializer(wallet).data)
 
@@ -69,7 +70,8 @@ class AccountEntriesApi(APIView):
     )
     def get(self, request: Request) -> Response:
         wallet = wallet_get_or_create(
-            user=authenticated(request), currency=settings.LEDGER_DEFAULT_CURRENCY
+            owner_id=authenticated(request).pk,
+            currency=settings.LEDGER_DEFAULT_CURRENCY,
         )
         paginator = NewestFirst()
         page = paginator.paginate_queryset(

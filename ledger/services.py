@@ -147,24 +147,23 @@ def merchant_account(*, currency: str) -> Account:
     return account
 
 
-def wallet_get_or_create(*, user: User, currency: str) -> Account:
+def wallet_get_or_create(*, owner_id: int, currency: str) -> Account:
     """Return the user's wallet in `currency`, creating it once (a unique constraint
-    settles a race between two first requests)."""
-    try:
-        return Account.objects.get(
-            owner=user, kind=Account.Kind.WALLET, currency=currency
-        )
-    except Account.DoesNotExist:
-        pass
+    settles a race between two first requests). By the owner's id, so a caller that
+    holds only a row pointing at the user need not load it."""
+    wallets = Account.objects.filter(
+        owner_id=owner_id, kind=Account.Kind.WALLET, currency=currency
+    )
+    wallet = wallets.first()
+    if wallet is not None:
+        return wallet
     try:
         with transaction.atomic():
             return Account.objects.create(
-                owner=user, kind=Account.Kind.WALLET, currency=currency
+                owner_id=owner_id, kind=Account.Kind.WALLET, currency=currency
             )
     except IntegrityError:
-        return Account.objects.get(
-            owner=user, kind=Account.Kind.WALLET, currency=currency
-        )
+        return wallets.get()
 
 
 def ledger_deposit(
@@ -273,5 +272,5 @@ def customer_get_or_create(
         user.set_unusable_password()
         user.save(update_fields=["password"])
     token, _ = Token.objects.get_or_create(user=user)
-    wallet = wallet_get_or_create(user=user, currency=currency)
+    wallet = wallet_get_or_create(owner_id=user.pk, currency=currency)
     return user, token.key, wallet

@@ -189,7 +189,8 @@ def order_cancel_view(request: HttpRequest, merchant_order_no: str) -> HttpRespo
 @require_GET
 def account(request: HttpRequest) -> HttpResponse:
     wallet = wallet_get_or_create(
-        user=authenticated(request), currency=settings.LEDGER_DEFAULT_CURRENCY
+        owner_id=authenticated(request).pk,
+        currency=settings.LEDGER_DEFAULT_CURRENCY,
     )
     postings = account_postings(account=wallet)[:20]
     return render(request, "account.html", {"wallet": wallet, "postings": postings})

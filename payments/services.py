@@ -84,7 +84,7 @@ def payment_pay_with_balance(*, order_id: int) -> Payment:
             raise OrderAlreadyPaid()
         if order.status == Order.Status.CANCELLED:
             raise OrderNotPayable()
-        wallet = wallet_get_or_create(user=order.owner, currency=order.currency)
+        wallet = wallet_get_or_create(owner_id=order.owner_id, currency=order.currency)
         merchant = merchant_account(currency=order.currency)
         payment = Payment.objects.create(
             order=order,
@@ -175,7 +175,9 @@ def _refund_locked(*, order: Order, payment: Payment, reason: str) -> Refund:
     """
     merchant = merchant_account(currency=payment.currency)
     if payment.method == Payment.Method.BALANCE:
-        destination = wallet_get_or_create(user=order.owner, currency=payment.currency)
+        destination = wallet_get_or_create(
+            owner_id=order.owner_id, currency=payment.currency
+        )
     else:
         # Provider money goes back where it came from: out through the provider.
         destination = external_account(currency=payment.currency)
@@ -349,14 +351,20 @@ def provider_event_receive(
 ) -> tuple[ProviderEvent, bool]:
     """Store a verified callback in the inbox, once; (event, created).
 
-    A known `event_id` (a redelivery) returns the stored event and changes nothing. A
-    callback that matches no payment of ours raises `CallbackMismatch` and stores
-    nothing. A new event commits with its processing task enqueued after commit.
+    A known `event_id` (a redelivery) returns the stored event and changes nothing;
+    if it is still unprocessed its task is sent again, because the process that
+    stored it may have died between the commit and the enqueue (the provider
+    redelivers precisely because it got no answer), and the task is a no-op if it
+    already ran. A callback that matches no payment of ours raises
+    `CallbackMismatch` and stores nothing. A new event commits with its processing
+    task enqueued after commit.
     """
     from .tasks import provider_event_process_task
 
     existing = ProviderEvent.objects.filter(event_id=payload["event_id"]).first()
     if existing is not None:
+        if existing.status == ProviderEvent.Status.RECEIVED:
+            enqueue_on_commit(provider_event_process_task, existing.pk)
         return existing, False
     payment = _callback_payment(payload)
     try:

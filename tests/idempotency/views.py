@@ -32,7 +32,8 @@ class DepositInput(serializers.Serializer):
 
 def _deposit(request: Request, amount: int, reference: str) -> JournalEntry:
     wallet = wallet_get_or_create(
-        user=authenticated(request), currency=settings.LEDGER_DEFAULT_CURRENCY
+        owner_id=authenticated(request).pk,
+        currency=settings.LEDGER_DEFAULT_CURRENCY,
     )
     return ledger_deposit(account_id=wallet.pk, amount=amount, reference=reference)
 

@@ -1,0 +1,125 @@
+"""How many SQL statements each write endpoint sends, pinned so none can silently grow.
+
+The figures count every statement of one first execution, transaction control included
+(the test's own transaction turns each BEGIN/COMMIT into SAVEPOINT/RELEASE, one round
+trip each either way), in a running system: the shop's account exists and the Redis
+fast path already knows the caller. A replay of a finished request sends none at all:
+the replay middleware answers it from Redis.
+
+When a number here changes, read the statements the failure prints: a new one must
+earn its place; one that went away is a win to keep (lower the number).
+"""
+
+import re
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+
+from ledger.services import merchant_account
+from tests.orders.helpers import customer, new_key, place_order
+from tests.payments.helpers import event_body, pending_provider_payment, post_callback
+
+pytestmark = pytest.mark.django_db
+
+
+def post(client, path: str, body: dict | None = None, key: str | None = None):
+    headers = {"Idempotency-Key": key} if key else {}
+    return client.post(path, body or {}, format="json", headers=headers)
+
+
+def assert_statements(expected: int, status: int, send):
+    with CaptureQueriesContext(connection) as captured:
+        response = send()
+    assert response.status_code == status, response.content
+    sql = [query["sql"] for query in captured.captured_queries]
+    listing = "\n".join(f"  {n}. {text[:150]}" for n, text in enumerate(sql, 1))
+    assert len(sql) == expected, f"{len(sql)} statements, not {expected}:\n{listing}"
+    return response
+
+
+@pytest.fixture
+def alice():
+    user, client, _ = customer("alice", balance=100_000)
+    merchant_account(currency="CNY")
+    post(client, "/api/v1/preorders", key=new_key())  # the fast path learns the token
+    return user, client
+
+
+def test_preorder(alice):
+    # token, BEGIN, key lookup, pre-order, key record, COMMIT
+    _, client = alice
+    assert_statements(6, 201, lambda: post(client, "/api/v1/preorders", key=new_key()))
+
+
+def test_replay_sends_none(alice):
+    _, client = alice
+    key = new_key()
+    post(client, "/api/v1/preorders", key=key)
+    again = assert_statements(
+        0, 201, lambda: post(client, "/api/v1/preorders", key=key)
+    )
+    assert again["Idempotent-Replayed"] == "true"
+
+
+def test_order(alice):
+    _, client = alice
+    number = post(client, "/api/v1/preorders", key=new_key()).json()
+    body = {
+        "merchant_order_no": number["merchant_order_no"],
+        "amount": 1500,
+        "currency": "CNY",
+        "description": "Tea",
+    }
+    assert_statements(10, 201, lambda: post(client, "/api/v1/orders", body, new_key()))
+
+
+def test_pay_with_balance(alice):
+    user, client = alice
+    path = f"/api/v1/orders/{place_order(user).merchant_order_no}/pay"
+    pay = {"method": "balance"}
+    # token, BEGIN, key lookup, the order (owner check), then one transaction: lock
+    # the order, wallet, merchant, payment, ledger entry and its postings under two
+    # savepoints, balances, payment and order updates; key record, COMMIT
+    assert_statements(22, 201, lambda: post(client, path, pay, new_key()))
+
+
+def test_cancel(alice):
+    user, client = alice
+    path = f"/api/v1/orders/{place_order(user).merchant_order_no}/cancel"
+    assert_statements(10, 200, lambda: post(client, path, {}, new_key()))
+
+
+def test_refund(alice):
+    user, client = alice
+    order = place_order(user)
+    pay = {"method": "balance"}
+    paid = post(client, f"/api/v1/orders/{order.merchant_order_no}/pay", pay, new_key())
+    path = f"/api/v1/payments/{paid.json()['id']}/refund"
+    assert_statements(27, 201, lambda: post(client, path, {}, new_key()))
+
+
+def test_provider_callback(alice):
+    # the inbox's event, the payment, then the event row in its own transaction
+    user, _ = alice
+    payment = pending_provider_payment(place_order(user))
+    assert_statements(5, 200, lambda: post_callback(event_body(payment)))
+
+
+def test_web_order_form(alice, client):
+    user, _ = alice
+    client.force_login(user)
+    issued = client.get("/orders/new")["Location"]  # redirects to /orders/new?token=
+    token = re.search(r"token=(\d+)", issued)
+    assert token
+    body = {"token": token.group(1), "amount": "7.50", "description": "Tea"}
+    # session, user, the form's pre-order, no order for it yet, the order
+    assert_statements(7, 303, lambda: client.post("/orders/new", body))
+
+
+def test_web_pay_button(alice, client):
+    user, _ = alice
+    client.force_login(user)
+    url = f"/orders/{place_order(user).merchant_order_no}/pay"
+    # session, user, the order, then `payment_pay_with_balance` as in the API
+    assert_statements(19, 303, lambda: client.post(url))
