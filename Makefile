@@ -5,7 +5,7 @@ BIN := $(CURDIR)/$(VENV)/bin
 PORT ?= 8000
 export PATH := $(BIN):$(PATH)
 
-.PHONY: install install-dev run worker beat test lint migrate bench bench-idempotency
+.PHONY: install install-dev run worker beat test lint migrate bench bench-idempotency chaos
 
 $(VENV)/.installed-run: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -46,3 +46,15 @@ test: install-dev lint
 # Prints figures; needs PostgreSQL and Redis on 127.0.0.1 (not part of `make test`).
 bench-idempotency: install-dev
 	$(BIN)/python bench/idempotency_overhead.py
+
+# Proof under fire (bench/load.py): the real stack (gunicorn, Celery worker and beat,
+# PostgreSQL, two redis-servers of its own, the provider simulator) driven by agents
+# that retry every step; prints a table and one JSON line, exits 1 on a violation.
+# `make chaos` also kills workers, restarts Redis and cuts replies during the load.
+# Options: BENCH_ARGS="--seconds 60 --clients 8 --intents 200" (or --short, ~40 s).
+BENCH_ARGS ?=
+bench: install-dev
+	$(BIN)/python bench/load.py $(BENCH_ARGS)
+
+chaos: install-dev
+	$(BIN)/python bench/load.py --chaos $(BENCH_ARGS)

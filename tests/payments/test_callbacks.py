@@ -83,6 +83,25 @@ def test_the_same_event_again_is_acknowledged_and_changes_nothing(payment):
     assert_settled_once(payment)
 
 
+def test_a_redelivery_of_an_unprocessed_event_sends_its_task_again(
+    payment, django_capture_on_commit_callbacks
+):
+    """The process that stored the event may have died before it enqueued the task
+    (found by `make chaos`: a SIGKILLed gunicorn worker left an event `received`
+    until the inbox re-drive a minute later); the provider's redelivery sends it."""
+    body = event_body(payment)
+    with django_capture_on_commit_callbacks() as first:
+        assert post_callback(body).status_code == 200
+    with django_capture_on_commit_callbacks() as again:  # `first` never ran
+        assert post_callback(body).status_code == 200
+    assert len(first) == len(again) == 1
+    process_all()
+    with django_capture_on_commit_callbacks() as late:
+        assert post_callback(body).status_code == 200
+    assert late == []  # processed already: nothing to send
+    assert_settled_once(payment)
+
+
 def test_two_events_reporting_success_settle_once(payment):
     assert post_callback(event_body(payment)).status_code == 200
     assert post_callback(event_body(payment)).status_code == 200
