@@ -5,7 +5,7 @@ BIN := $(CURDIR)/$(VENV)/bin
 PORT ?= 8000
 export PATH := $(BIN):$(PATH)
 
-.PHONY: install install-dev run worker beat test lint migrate bench bench-idempotency chaos
+.PHONY: install install-dev run worker beat test lint migrate bench bench-idempotency chaos profile
 
 $(VENV)/.installed-run: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -46,6 +46,10 @@ test: install-dev lint
 # Prints figures; needs PostgreSQL and Redis on 127.0.0.1 (not part of `make test`).
 bench-idempotency: install-dev
 	$(BIN)/python bench/idempotency_overhead.py
+
+# CPU time and SQL statements per write request, and pyinstrument's call tree of one.
+profile: install-dev
+	$(BIN)/python bench/profile_requests.py $(PROFILE_ARGS)
 
 # Proof under fire (bench/load.py): the real stack (gunicorn, Celery worker and beat,
 # PostgreSQL, two redis-servers of its own, the provider simulator) driven by agents

@@ -1,0 +1,159 @@
+"""Where does a write request's time go? Profile the hot path in one process.
+
+Runs each write through the whole Django stack (every middleware, DRF, the
+idempotency layer, the services) with Django's test client, on PostgreSQL and Redis,
+so no network client or server process blurs the figures. For each scenario it prints
+the CPU time and the SQL statements per request; then it samples one scenario with
+pyinstrument and prints the call tree, so a slow frame has a name. Usage:
+
+    .venv/bin/python bench/profile_requests.py [--requests 500] [--tree pay]
+
+Scenarios: a pre-order without the layer (no key), the same as a first execution
+(a new key) and as a replay; an order; a payment from the balance. What it found and
+what was removed is in the README ("Where the time goes").
+"""
+
+import argparse
+import os
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import psycopg
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+PG = os.environ.get("BENCH_PG", "postgres://postgres@127.0.0.1:5432")
+DB = "ledger_profile"
+os.environ["DJANGO_SETTINGS_MODULE"] = "bench.settings"
+os.environ["DATABASE_URL"] = f"{PG}/{DB}"
+os.environ.setdefault("REDIS_URL", "redis://127.0.0.1:6379/9")
+
+
+@dataclass
+class Scenario:
+    """`send(arg)` makes one request; `prepare(i)` makes request i's argument (a fresh
+    key, a pre-order number, an order to pay) before the clock starts."""
+
+    send: Callable[[str], object]
+    prepare: Callable[[int], str]
+
+
+def fresh_database() -> None:
+    with psycopg.connect(f"{PG}/postgres", autocommit=True) as conn:
+        conn.execute(f"DROP DATABASE IF EXISTS {DB} WITH (FORCE)")
+        conn.execute(f"CREATE DATABASE {DB}")
+
+
+def scenarios() -> dict[str, Scenario]:
+    from django.core.management import call_command
+    from django.test import Client
+
+    from idempotency.redis import get_redis
+    from ledger.services import customer_get_or_create, ledger_deposit, merchant_account
+    from orders.services import order_create, preorder_create
+
+    call_command("migrate", verbosity=0)
+    redis = get_redis()
+    if redis is not None:
+        redis.flushdb()
+    user, token, wallet = customer_get_or_create(username="profile", currency="CNY")
+    ledger_deposit(account_id=wallet.pk, amount=10**12, reference="profile:funds")
+    merchant_account(currency="CNY")
+    client = Client(HTTP_AUTHORIZATION=f"Token {token}")
+    run = uuid.uuid4().hex[:8]
+
+    def post(path: str, body: str, key: str | None = None) -> object:
+        headers = {"Idempotency-Key": key} if key else {}
+        response = client.post(
+            path, body, content_type="application/json", headers=headers
+        )
+        if response.status_code != 201:
+            raise SystemExit(f"{path} answered {response.status_code}: {response}")
+        return response
+
+    def number(i: int) -> str:
+        return preorder_create(owner=user).merchant_order_no
+
+    def order(i: int) -> str:
+        placed = order_create(
+            owner=user, merchant_order_no=number(i), amount=100, currency="CNY"
+        )
+        return placed.merchant_order_no
+
+    def order_body(number: str) -> str:
+        return (
+            f'{{"merchant_order_no": "{number}", "amount": 100, '
+            '"currency": "CNY", "description": "Tea"}'
+        )
+
+    post("/bench/preorders", "{}", f"{run}-replayed")
+    return {
+        "preorder, no key": Scenario(lambda _: post("/bench/preorders", "{}"), str),
+        "preorder, first": Scenario(
+            lambda key: post("/bench/preorders", "{}", key), lambda i: f"{run}-p{i}"
+        ),
+        "preorder, replay": Scenario(
+            lambda key: post("/bench/preorders", "{}", key), lambda i: f"{run}-replayed"
+        ),
+        "order": Scenario(
+            lambda no: post("/api/v1/orders", order_body(no), f"{run}-o{no}"), number
+        ),
+        "pay": Scenario(
+            lambda no: post(
+                f"/api/v1/orders/{no}/pay", '{"method": "balance"}', f"{run}-pay{no}"
+            ),
+            order,
+        ),
+    }
+
+
+def measure(scenario: Scenario, count: int) -> tuple[float, int]:
+    """CPU ms per request over `count` requests, and one request's SQL statements."""
+    from django.db import connection, reset_queries
+    from django.test.utils import CaptureQueriesContext
+
+    arguments = [scenario.prepare(i) for i in range(count + 2)]
+    scenario.send(arguments.pop())  # warm up: imports, caches, connections
+    reset_queries()  # (each request resets the log; start the count at zero)
+    with CaptureQueriesContext(connection) as captured:
+        scenario.send(arguments.pop())
+    statements = len(captured.captured_queries)  # now: later requests reset the log
+    started = time.process_time()
+    for argument in arguments:
+        scenario.send(argument)
+    return (time.process_time() - started) * 1000 / count, statements
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--requests", type=int, default=500)
+    parser.add_argument("--tree", default="pay", help="the scenario to sample")
+    args = parser.parse_args()
+    fresh_database()
+    import django
+
+    django.setup()
+    from pyinstrument import Profiler
+
+    found = scenarios()
+    print(f"{'scenario':<20}{'CPU ms/request':>16}{'SQL statements':>16}")
+    for name, scenario in found.items():
+        cpu, statements = measure(scenario, args.requests)
+        print(f"{name:<20}{cpu:>16.3f}{statements:>16}")
+    sampled = found[args.tree]
+    arguments = [sampled.prepare(10**6 + i) for i in range(args.requests)]
+    profiler = Profiler(interval=0.0005)
+    with profiler:
+        for argument in arguments:
+            sampled.send(argument)
+    print(f"\npyinstrument, {args.requests} requests of '{args.tree}':")
+    print(profiler.output_text(unicode=True, color=False, show_all=False))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
