@@ -25,7 +25,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from functools import cache
-from typing import Any, cast
+from typing import Any
 
 import redis as redis_lib
 from django.conf import settings
@@ -42,6 +42,7 @@ from .exceptions import (
 )
 from .fingerprint import changed_fields
 from .models import IdempotencyRecord
+from .sql import insert_unless_exists
 
 Status = IdempotencyRecord.Status
 STORED_HEADERS = ("Content-Type", "Location")
@@ -188,52 +189,28 @@ def _new_record(call: Call, **values: Any) -> IdempotencyRecord:
     )
 
 
-_COLUMNS = [f for f in IdempotencyRecord._meta.concrete_fields if not f.primary_key]
-
-
 @cache
-def _statements(vendor: str) -> tuple[str, str]:
-    """The two statements of the hot path, built once per database vendor.
+def _lookup(vendor: str) -> str:
+    """The key lookup of the hot path, built once per database vendor.
 
-    Plain SQL rather than ORM queries: compiling an ORM query costs more CPU than the
-    round trip it makes, and these run on every idempotent request. Only model
-    metadata is formatted in; every value is a parameter.
+    Plain SQL rather than an ORM query: compiling an ORM query costs more CPU than the
+    round trip it makes, and this runs on every idempotent request.
     """
     quote = connection.ops.quote_name
     table = quote(IdempotencyRecord._meta.db_table)
-    columns = ", ".join(quote(cast(str, f.column)) for f in _COLUMNS)
-    placeholders = ", ".join(["%s"] * len(_COLUMNS))
-    insert = (
-        f"INSERT INTO {table} ({columns}) VALUES ({placeholders}) "  # noqa: S608
-        "ON CONFLICT (scope, key) DO NOTHING RETURNING id"
-    )
-    lookup = f"SELECT id FROM {table} WHERE scope = %s AND {quote('key')} = %s"  # noqa: S608
-    return insert, lookup
+    return f"SELECT id FROM {table} WHERE scope = %s AND {quote('key')} = %s"  # noqa: S608
 
 
 def _insert(record: IdempotencyRecord) -> bool:
-    """INSERT ... ON CONFLICT (scope, key) DO NOTHING; True if the row is ours.
-
-    One statement, no savepoint: losing the race is an answer, not an exception.
-    """
-    insert, _ = _statements(connection.vendor)
-    values = [
-        f.get_db_prep_save(getattr(record, f.attname), connection) for f in _COLUMNS
-    ]
-    with connection.cursor() as cursor:
-        cursor.execute(insert, values)
-        row = cursor.fetchone()
-    if row:
-        record.pk = row[0]
-    return row is not None
+    """True if the record is ours; False if the key has one already (we lost)."""
+    return insert_unless_exists(record, ("scope", "key"))
 
 
 def _existing(call: Call, *, for_update: bool = False) -> IdempotencyRecord | None:
     """The key's record, if any. A first execution (the common case) costs one
     indexed lookup; the full record is loaded only when there is one."""
-    _, lookup = _statements(connection.vendor)
     with connection.cursor() as cursor:
-        cursor.execute(lookup, [call.scope, call.key])
+        cursor.execute(_lookup(connection.vendor), [call.scope, call.key])
         row = cursor.fetchone()
     if row is None:
         return None

@@ -17,6 +17,8 @@ from django.contrib.auth.models import User
 from django.db import IntegrityError, transaction
 from django.db.models import F, Q
 
+from idempotency.sql import insert_unless_exists
+
 from .exceptions import (
     AccountNotActive,
     AccountNotFound,
@@ -100,24 +102,20 @@ def ledger_post(
 
     The entry row is inserted first, so its unique `reference` is claimed before any
     balance moves: a replay, or a concurrent duplicate that waits on the unique index
-    until the first transaction commits, fails on the constraint and gets the existing
-    entry back instead of moving money twice. Balances then move by conditional UPDATEs
+    until the first transaction commits, finds the reference taken (`ON CONFLICT DO
+    NOTHING`, no savepoint) and gets the existing entry back instead of moving money
+    twice. Balances then move by conditional UPDATEs
     in account-id order, so two transfers in opposite directions cannot deadlock.
     `seen_versions` adds `AND version = :seen` for callers that read an account first.
     """
     ordered = _balanced_legs(legs)
-    try:
-        with transaction.atomic():
-            entry = JournalEntry.objects.create(
-                reference=reference,
-                kind=kind,
-                currency=currency,
-                description=description,
-            )
-    except IntegrityError:
+    entry = JournalEntry(
+        reference=reference, kind=kind, currency=currency, description=description
+    )
+    if not insert_unless_exists(entry, ["reference"]):
         existing = JournalEntry.objects.get(reference=reference)
         if not _same_movement(existing, ordered):
-            raise ReferenceConflict(reference=reference) from None
+            raise ReferenceConflict(reference=reference)
         return existing
     seen_versions = seen_versions or {}
     for account_id, amount in ordered:
