@@ -7,9 +7,10 @@
 The run, start to end (nothing is mocked; see bench/stack.py for the processes):
 
 1. A fresh PostgreSQL database, customers with opening balances, two redis-servers of
-   our own, gunicorn (4 workers), a Celery worker and Celery beat, and a TCP proxy
-   (bench/proxy.py) between the agents and gunicorn. The provider simulator is the
-   app's own, delivering every callback twice on purpose, through the proxy.
+   our own, gunicorn (4 workers), the provider simulator (the app's own, in a second
+   gunicorn, delivering every callback twice on purpose, through the proxy), a Celery
+   worker and Celery beat, and a TCP proxy (bench/proxy.py) between the agents and
+   gunicorn.
 2. Overhead: the same endpoint (POST /api/v1/preorders, whose key is optional)
    without the idempotency layer and with it, from 8 clients straight to gunicorn.
 3. Load: `--clients` agent processes (bench/agent.py, the shipped IdempotentClient)
@@ -18,9 +19,9 @@ The run, start to end (nothing is mocked; see bench/stack.py for the processes):
    key, sometimes twice at the same instant. Some agents are SIGKILLed after a pay
    request's reply arrived and before they read it, then started again on the same
    intents.
-4. Chaos (`--chaos`), during the load: SIGKILL gunicorn workers, Celery pool
-   processes and the whole Celery worker, restart the cache's redis-server, SIGKILL
-   agents at random moments, and cut replies in the proxy.
+4. Chaos (`--chaos`), during the load: SIGKILL gunicorn workers (ours and the
+   provider's), Celery pool processes and the whole Celery worker, restart the
+   cache's redis-server, SIGKILL agents at random moments, cut replies in the proxy.
 5. Settle: chaos off; agents restarted on every intent still without a final answer;
    wait (bounded) for keys, callbacks, provider payments and shipments to finish.
 6. Verdict (bench/verdict.py) from the database, a table, and one JSON line. The exit
@@ -312,7 +313,11 @@ class Load:
         """Start the agents, break things while they work; return the seconds."""
         self.until = time.time() + self.args.seconds
         for n, customer in enumerate(customers):
-            doomed = {i for i in range(self.args.intents) if self.rng.random() < 0.15}
+            doomed = {
+                i
+                for i in range(self.args.intents)
+                if self.args.chaos and self.rng.random() < 0.15
+            }
             agent = AgentRun(
                 name=f"a{n}",
                 customer=customer,
@@ -371,6 +376,7 @@ class Chaos:
 
     PERIODS = {  # seconds between events of each kind, on average
         "gunicorn_worker": 3.0,
+        "provider_worker": 10.0,
         "celery_pool_process": 6.0,
         "agent_at_random": 5.0,
         "celery_worker_node": 25.0,
@@ -402,6 +408,12 @@ class Chaos:
         if pids:
             os.kill(self.rng.choice(pids), signal.SIGKILL)
             self.load.tally.kills["gunicorn_worker"] += 1
+
+    def provider_worker(self) -> None:
+        pids = self.load.stack.provider_workers_pids()
+        if pids:
+            os.kill(self.rng.choice(pids), signal.SIGKILL)
+            self.load.tally.kills["provider_worker"] += 1
 
     def celery_pool_process(self) -> None:
         pids = self.load.stack.worker_pool_pids()

@@ -3,10 +3,13 @@
 PostgreSQL is the machine's own (a database of our own, dropped and created per run);
 everything else is ours: two redis-servers on free ports (one for the idempotency
 locks and replay cache, db 12, which the chaos restarts; one for the Celery broker,
-db 10, which it leaves alone), gunicorn with several workers, a Celery worker and
-Celery beat. Each process runs in its own process group and also gets SIGKILL from
-the kernel if the runner dies (PR_SET_PDEATHSIG), and every group id is written to
-`<workdir>/pgids` so a supervisor (the test) can kill what is left whatever happened.
+db 10, which it leaves alone), gunicorn with several workers, the provider simulator
+in a gunicorn of its own (as in docker-compose.yml: served by the app's own sync
+workers, a pay request that calls the provider waits for a worker that is busy with
+pay requests), a Celery worker and Celery beat. Each process runs in its own process
+group and also gets SIGKILL from the kernel if the runner dies (PR_SET_PDEATHSIG), and
+every group id is written to `<workdir>/pgids` so a supervisor (the test) can kill
+what is left whatever happened.
 """
 
 import ctypes
@@ -55,10 +58,11 @@ class Stack:
         self.web_workers = web_workers
         self.processes: list[subprocess.Popen] = []
         self.cache_port, self.broker_port = free_port(), free_port()
-        self.web_port = free_port()
+        self.web_port, self.provider_port = free_port(), free_port()
         self.callback_url = f"http://127.0.0.1:{self.web_port}"  # set by the runner
         self.cache_redis: subprocess.Popen | None = None
         self.web: subprocess.Popen | None = None
+        self.provider: subprocess.Popen | None = None
         self.worker: subprocess.Popen | None = None
         self.beat: subprocess.Popen | None = None
         self.lease_seconds = lease_seconds
@@ -66,6 +70,10 @@ class Stack:
     @property
     def web_url(self) -> str:
         return f"http://127.0.0.1:{self.web_port}"
+
+    @property
+    def provider_url(self) -> str:
+        return f"http://127.0.0.1:{self.provider_port}"
 
     def env(self) -> dict[str, str]:
         return {
@@ -75,8 +83,8 @@ class Stack:
             "REDIS_URL": f"redis://127.0.0.1:{self.cache_port}/12",
             "CELERY_BROKER_URL": f"redis://127.0.0.1:{self.broker_port}/10",
             "IDEMPOTENCY_LEASE_SECONDS": str(self.lease_seconds),
-            "PAYMENT_PROVIDER_URL": f"{self.web_url}/provider",
-            "PROVIDER_PUBLIC_URL": self.web_url,
+            "PAYMENT_PROVIDER_URL": f"{self.provider_url}/provider",
+            "PROVIDER_PUBLIC_URL": self.provider_url,
             "PROVIDER_CALLBACK_URL": f"{self.callback_url}/api/v1/payments/callback",
             "PROVIDER_DELIVER_TWICE": "1",
             "PROVIDER_RETRY_SCALE": "0.1",
@@ -141,7 +149,8 @@ class Stack:
     def start(self) -> None:
         self.start_redis("broker", self.broker_port)
         self.cache_redis = self.start_redis("cache", self.cache_port)
-        self.start_web()
+        self.web = self.start_gunicorn("gunicorn", self.web_port, self.web_workers)
+        self.provider = self.start_gunicorn("provider", self.provider_port, 2)
         self.start_worker()
         self.beat = self.spawn(
             "beat", [str(BIN / "celery"), "-A", "ledger", "beat", "--loglevel", "INFO"]
@@ -169,16 +178,16 @@ class Stack:
             time.sleep(0.05)
         raise RuntimeError(f"redis-server on {port} never came up")
 
-    def start_web(self) -> None:
-        self.web = self.spawn(
-            "gunicorn",
+    def start_gunicorn(self, name: str, port: int, workers: int) -> subprocess.Popen:
+        process = self.spawn(
+            name,
             [
                 str(BIN / "gunicorn"),
                 "ledger.wsgi",
                 "--bind",
-                f"127.0.0.1:{self.web_port}",
+                f"127.0.0.1:{port}",
                 "--workers",
-                str(self.web_workers),
+                str(workers),
                 "--timeout",
                 "60",
                 "--graceful-timeout",
@@ -187,7 +196,8 @@ class Stack:
                 "512",
             ],
         )
-        wait_until_up(self.web_url, self.web, self.web_workers)
+        wait_until_up(f"http://127.0.0.1:{port}", process, workers)
+        return process
 
     def start_worker(self) -> None:
         log = self.workdir / "celery.log"
@@ -217,6 +227,9 @@ class Stack:
 
     def web_workers_pids(self) -> list[int]:
         return children(self.web.pid) if self.web else []
+
+    def provider_workers_pids(self) -> list[int]:
+        return children(self.provider.pid) if self.provider else []
 
     def worker_pool_pids(self) -> list[int]:
         return children(self.worker.pid) if self.worker else []

@@ -89,8 +89,8 @@ def test_the_short_chaos_run_ends_with_no_violation(tmp_path):
         kill_groups(left)
 
     assert not left, f"process groups outlived the run: {left}"
-    assert pgids, "the run started no processes"
     assert process.returncode == 0, output[-6000:]
+    assert pgids, "the run started no processes"
     result = json.loads(output.strip().splitlines()[-1])
     assert result["double_debits"] == 0, result["violations"]
     assert result["lost_intents"] == 0, result["violations"]
