@@ -124,13 +124,17 @@ def _key_hash(key: str) -> str:
     return hashlib.sha256(key.encode()).hexdigest()[:40]
 
 
-def _names(scope: str, key: str) -> tuple[str, str]:
+def _outcome(scope: str, key: str, token: str, reply: Any) -> FastPath:
+    """A begin script's answer, {1, cached} | {2} | {3}, for the key in `scope`."""
     digest = _key_hash(key)
-    return f"{LOCK_PREFIX}{scope}:{digest}", f"{RESPONSE_PREFIX}{scope}:{digest}"
-
-
-def _outcome(fast: FastPath, reply: Any) -> FastPath:
-    """Fill in a begin script's answer: {1, cached} | {2} | {3}."""
+    fast = FastPath(
+        available=True,
+        token=token,
+        lock_key=f"{LOCK_PREFIX}{scope}:{digest}",
+        response_key=f"{RESPONSE_PREFIX}{scope}:{digest}",
+        scope=scope,
+        key=key,
+    )
     if reply[0] == 1:
         fast.cached = StoredResponse.loads(reply[1])
     elif reply[0] == 2:
@@ -156,19 +160,13 @@ def begin(scope: str, key: str, lease_ms: int) -> FastPath:
     client = get_redis()
     if client is None:
         return FastPath(available=False)
-    lock_key, response_key = _names(scope, key)
-    token = secrets.token_hex(8)
+    token, digest = secrets.token_hex(8), _key_hash(key)
     begin_script, _, _ = _scripts(client)
-    reply: Any = begin_script(keys=[lock_key, response_key], args=[token, lease_ms])
-    fast = FastPath(
-        available=True,
-        token=token,
-        lock_key=lock_key,
-        response_key=response_key,
-        scope=scope,
-        key=key,
+    reply: Any = begin_script(
+        keys=[f"{LOCK_PREFIX}{scope}:{digest}", f"{RESPONSE_PREFIX}{scope}:{digest}"],
+        args=[token, lease_ms],
     )
-    return _outcome(fast, reply)
+    return _outcome(scope, key, token, reply)
 
 
 def begin_for_credential(credential: str, key: str, lease_ms: int) -> FastPath | None:
@@ -191,17 +189,7 @@ def begin_for_credential(credential: str, key: str, lease_ms: int) -> FastPath |
         return None
     if reply[0] == 0:
         return None
-    scope = reply[-1].decode()
-    lock_key, response_key = _names(scope, key)
-    fast = FastPath(
-        available=True,
-        token=token,
-        lock_key=lock_key,
-        response_key=response_key,
-        scope=scope,
-        key=key,
-    )
-    return _outcome(fast, reply)
+    return _outcome(reply[-1].decode(), key, token, reply)
 
 
 def finish(
