@@ -1,4 +1,4 @@
-"""Signed provider callbacks and provider payments for the payments tests."""
+"""Signed provider callbacks and provider payments, and how the tests check them."""
 
 import itertools
 import json
@@ -7,9 +7,12 @@ import time
 from django.conf import settings
 from rest_framework.test import APIClient
 
+from ledger.invariants import ledger_report
+from ledger.services import external_account, merchant_account
 from orders.models import Order
-from payments.models import Payment
+from payments.models import Payment, Shipment
 from payments.signatures import sign
+from tests.orders.helpers import balance
 
 _events = itertools.count(1)
 
@@ -69,3 +72,16 @@ def post_callback(
         content_type="application/json",
         headers=headers,
     )
+
+
+def assert_settled_once(payment: Payment) -> None:
+    """The provider's money came in exactly once: payment, order, balances, shipment."""
+    payment.refresh_from_db()
+    payment.order.refresh_from_db()
+    assert payment.status == Payment.Status.SUCCEEDED
+    assert payment.order.status == Order.Status.PAID
+    assert balance(merchant_account(currency="CNY")) == payment.amount
+    assert balance(external_account(currency="CNY")) == -payment.amount
+    assert Shipment.objects.filter(order=payment.order).count() == 1
+    report = ledger_report()
+    assert report["ok"], report

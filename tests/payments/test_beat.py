@@ -21,9 +21,6 @@ from payments.services import (
 )
 from payments.tasks import cancel_expired_orders, payment_redrive_task
 from tests.orders.helpers import balance, customer, new_key, place_order
-from tests.servers import gunicorn
-
-from .processes import BROKER_URL, SETTINGS, broker
 
 pytestmark = pytest.mark.django_db
 
@@ -62,19 +59,6 @@ def test_only_provider_payments_pending_past_the_timeout_are_stuck():
     assert payments_stuck(older_than_seconds=60) == []
     age(Payment, payment.pk, 120)
     assert payments_stuck(older_than_seconds=60) == [payment.pk]
-
-
-@pytest.fixture
-def provider(tmp_path, settings, on_postgres):
-    with (
-        broker(),
-        gunicorn(tmp_path, SETTINGS, CELERY_BROKER_URL=BROKER_URL) as (
-            url,
-            _,
-        ),
-    ):
-        settings.PAYMENT_PROVIDER_URL = f"{url}/provider"
-        yield url
 
 
 def settle_at_provider(pay_url: str, action: str) -> None:

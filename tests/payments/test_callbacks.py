@@ -23,7 +23,13 @@ from payments.signatures import sign
 from tests.conftest import run_in_threads
 from tests.orders.helpers import assert_problem, balance, customer, place_order
 
-from .helpers import event_body, pending_provider_payment, post_callback, raw
+from .helpers import (
+    assert_settled_once,
+    event_body,
+    pending_provider_payment,
+    post_callback,
+    raw,
+)
 
 pytestmark = pytest.mark.django_db
 
@@ -37,18 +43,6 @@ def payment():
 def process_all() -> None:
     for pk in ProviderEvent.objects.values_list("pk", flat=True):
         provider_event_process(event_id=pk)
-
-
-def assert_settled_once(payment: Payment) -> None:
-    payment.refresh_from_db()
-    payment.order.refresh_from_db()
-    assert payment.status == Payment.Status.SUCCEEDED
-    assert payment.order.status == Order.Status.PAID
-    assert balance(merchant_account(currency="CNY")) == payment.amount
-    assert balance(external_account(currency="CNY")) == -payment.amount
-    assert Shipment.objects.filter(order=payment.order).count() == 1
-    report = ledger_report()
-    assert report["ok"], report
 
 
 def test_a_valid_callback_is_stored_then_processed(payment):

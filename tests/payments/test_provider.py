@@ -27,23 +27,9 @@ from payments.provider_client import provider_charge_create, provider_charge_get
 from tests.orders.helpers import assert_problem, balance, customer, new_key, place_order
 from tests.servers import children, free_port, gunicorn
 
-from .processes import BROKER_URL, SETTINGS, broker, celery_worker, wait_for
+from .processes import BROKER_URL, SETTINGS, celery_worker, wait_for
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
-
-
-@pytest.fixture
-def provider(tmp_path, settings, on_postgres):
-    """The app on gunicorn; this process's provider client pointed at it."""
-    with (
-        broker(),
-        gunicorn(tmp_path, SETTINGS, CELERY_BROKER_URL=BROKER_URL) as (
-            url,
-            _,
-        ),
-    ):
-        settings.PAYMENT_PROVIDER_URL = f"{url}/provider"
-        yield url
 
 
 @pytest.fixture

@@ -5,24 +5,8 @@ import pytest
 from payments.models import Payment
 from payments.provider.models import Charge
 from tests.orders.helpers import customer, place_order
-from tests.servers import gunicorn
-
-from .processes import BROKER_URL, SETTINGS, broker
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
-
-
-@pytest.fixture
-def provider(tmp_path, settings, on_postgres):
-    with (
-        broker(),
-        gunicorn(tmp_path, SETTINGS, CELERY_BROKER_URL=BROKER_URL) as (
-            url,
-            _,
-        ),
-    ):
-        settings.PAYMENT_PROVIDER_URL = f"{url}/provider"
-        yield url
 
 
 def test_the_provider_button_leads_to_one_pay_page(client, provider, settings):

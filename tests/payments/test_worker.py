@@ -15,7 +15,7 @@ from django.db import connection, connections, transaction
 from django.utils import timezone
 
 from ledger.invariants import ledger_report
-from ledger.services import external_account, merchant_account
+from ledger.services import merchant_account
 from orders.models import Order
 from orders.services import order_cancel
 from payments.models import Payment, ProviderEvent, Refund, Shipment
@@ -24,7 +24,13 @@ from payments.tasks import redrive_inbox
 from tests.orders.helpers import assert_problem, balance, customer, place_order
 from tests.servers import children
 
-from .helpers import event_body, pending_provider_payment, post_callback, raw
+from .helpers import (
+    assert_settled_once,
+    event_body,
+    pending_provider_payment,
+    post_callback,
+    raw,
+)
 from .processes import (
     BROKER_URL,
     broker,
@@ -50,18 +56,6 @@ def all_processed(count: int) -> bool:
 
 def dispatched(order: Order) -> bool:
     return Shipment.objects.filter(order=order, status="dispatched").exists()
-
-
-def assert_settled_once(payment: Payment) -> None:
-    payment.refresh_from_db()
-    payment.order.refresh_from_db()
-    assert payment.status == Payment.Status.SUCCEEDED
-    assert payment.order.status == Order.Status.PAID
-    assert balance(merchant_account(currency="CNY")) == payment.amount
-    assert balance(external_account(currency="CNY")) == -payment.amount
-    assert Shipment.objects.filter(order=payment.order).count() == 1
-    report = ledger_report()
-    assert report["ok"], report
 
 
 def test_duplicate_deliveries_and_two_events_settle_once(worker):
