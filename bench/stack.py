@@ -42,6 +42,18 @@ def _die_with_parent() -> None:
     _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
+REAPER = """
+import os, signal, sys
+sys.stdin.read()  # returns when the runner closes the pipe or dies, however it dies
+with open(sys.argv[1]) as pgids:
+    for pgid in pgids.read().split():
+        try:
+            os.killpg(int(pgid), signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+"""
+
+
 def kill_group(process: subprocess.Popen) -> None:
     """SIGKILL a whole process group at once (a crash, not a shutdown)."""
     with suppress(ProcessLookupError):
@@ -57,6 +69,14 @@ class Stack:
         self.workdir = workdir
         self.web_workers = web_workers
         self.processes: list[subprocess.Popen] = []
+        # Kills every group in `pgids` once the runner is gone, even by SIGKILL (a
+        # gunicorn worker whose master died of PR_SET_PDEATHSIG lives on otherwise).
+        (workdir / "pgids").touch()
+        self.reaper = subprocess.Popen(
+            [sys.executable, "-c", REAPER, str(workdir / "pgids")],
+            stdin=subprocess.PIPE,
+            start_new_session=True,
+        )
         self.cache_port, self.broker_port = free_port(), free_port()
         self.web_port, self.provider_port = free_port(), free_port()
         self.callback_url = f"http://127.0.0.1:{self.web_port}"  # set by the runner
@@ -257,3 +277,6 @@ class Stack:
                 process.wait(timeout=max(0.1, deadline - time.monotonic()))
         for process in self.processes:
             kill_group(process)  # also orphans left in a group whose leader died
+        if self.reaper.stdin is not None:
+            self.reaper.stdin.close()
+        self.reaper.wait(timeout=10)
