@@ -1,44 +1,20 @@
 """Housekeeping of key records: expiry and keys stuck in processing."""
 
 import logging
-import time
 from datetime import timedelta
 
-from django.db import transaction
 from django.utils import timezone
 
 from .models import IdempotencyRecord
+from .sql import delete_in_batches
 
 logger = logging.getLogger(__name__)
 
 
 def record_purge_expired(*, batch_size: int = 1000, max_seconds: float = 30.0) -> int:
-    """Delete expired key records in small batches; return how many went.
-
-    Each batch is its own short transaction that deletes rows picked by primary key, so
-    the purge never holds many locks at once or long, and writers are never starved.
-    It stops after `max_seconds`; the next run carries on.
-    """
-    deleted = 0
-    deadline = time.monotonic() + max_seconds
-    while time.monotonic() < deadline:
-        now = timezone.now()
-        with transaction.atomic():
-            ids = list(
-                IdempotencyRecord.objects.filter(expires_at__lte=now)
-                .order_by("pk")
-                .values_list("pk", flat=True)[:batch_size]
-            )
-            if not ids:
-                break
-            # Re-check expiry: a row may have been taken over or renewed meanwhile.
-            count, _ = IdempotencyRecord.objects.filter(
-                pk__in=ids, expires_at__lte=now
-            ).delete()
-        deleted += count
-        if len(ids) < batch_size:
-            break
-    return deleted
+    """Delete expired key records in small batches (see `delete_in_batches`)."""
+    expired = IdempotencyRecord.objects.filter(expires_at__lte=timezone.now())
+    return delete_in_batches(expired, batch_size=batch_size, max_seconds=max_seconds)
 
 
 def record_release_stuck(*, grace_seconds: int = 60) -> int:

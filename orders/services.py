@@ -10,10 +10,12 @@ from datetime import timedelta
 from django.conf import settings
 from django.contrib.auth.models import User
 from django.db import IntegrityError, transaction
+from django.db.models import Exists, OuterRef
 from django.utils import timezone
 from django_fsm import ConcurrentTransition, can_proceed
 
 from idempotency.snowflake import next_snowflake
+from idempotency.sql import delete_in_batches
 from ledger.exceptions import DomainError
 
 from .exceptions import (
@@ -182,3 +184,19 @@ def order_cancel_expired(*, older_than_seconds: int, batch: int = 500) -> int:
         cancelled += Order.objects.filter(
             pk__in=ids, status=Order.Status.PENDING_PAYMENT
         ).update(status=Order.Status.CANCELLED, updated_at=timezone.now())
+
+
+def preorder_purge_expired(
+    *, grace_seconds: int, batch_size: int = 1000, max_seconds: float = 30.0
+) -> int:
+    """Delete pre-orders that expired unused more than `grace_seconds` ago.
+
+    A number that was used keeps its row (the order's history names it). Until the
+    grace has passed, a late request still hears "expired", not "unknown". No order
+    can appear for an expired number, so what is picked stays unused. In batches
+    (see `delete_in_batches`); returns how many went.
+    """
+    cutoff = timezone.now() - timedelta(seconds=grace_seconds)
+    used = Order.objects.filter(merchant_order_no=OuterRef("merchant_order_no"))
+    unused = PreOrder.objects.filter(expires_at__lt=cutoff).exclude(Exists(used))
+    return delete_in_batches(unused, batch_size=batch_size, max_seconds=max_seconds)

@@ -234,6 +234,13 @@ LOGGING: dict[str, Any] = {
 # usable.
 SNOWFLAKE_NODE_ID = env_int("SNOWFLAKE_NODE_ID", 0)
 PREORDER_TTL_SECONDS = env_int("PREORDER_TTL_SECONDS", 3600)
+# An unused pre-order is deleted this long after it expired (until then a late request
+# hears "expired" rather than "unknown").
+PREORDER_PURGE_AFTER_SECONDS = env_int("PREORDER_PURGE_AFTER_SECONDS", 86400)
+CELERY_BEAT_SCHEDULE["orders-purge-expired-preorders"] = {
+    "task": "orders.tasks.purge_expired_preorders",
+    "schedule": 3600.0,
+}
 
 # Payments through the provider. Our side: where the provider (by default the bundled
 # simulator, served by this same app under /provider/) is reached, how long a provider

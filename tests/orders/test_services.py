@@ -1,6 +1,8 @@
 from datetime import timedelta
+from io import StringIO
 
 import pytest
+from django.core.management import call_command
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 from django_fsm import ConcurrentTransition
@@ -12,7 +14,7 @@ from orders.exceptions import (
     OrderNotCancellable,
     OrderTransitionNotAllowed,
 )
-from orders.models import Order
+from orders.models import Order, PreOrder
 from orders.services import (
     order_cancel,
     order_complete,
@@ -20,7 +22,9 @@ from orders.services import (
     order_mark_paid,
     order_ship,
     preorder_create,
+    preorder_purge_expired,
 )
+from orders.tasks import purge_expired_preorders
 from tests.conftest import run_in_threads
 from tests.factories import UserFactory
 from tests.orders.helpers import PreOrderFactory, place_order
@@ -214,3 +218,35 @@ def test_racing_cancel_and_paid_confirmation_agree_on_one_outcome(on_postgres):
         else:
             assert order.status == Order.Status.PAID and paid is True
             assert isinstance(cancel_result, OrderNotCancellable)
+
+
+def test_purge_deletes_only_unused_long_expired(django_assert_max_num_queries):
+    owner = UserFactory()
+    long_ago = timezone.now() - timedelta(days=2)
+    unused = PreOrderFactory.create_batch(5, owner=owner, expires_at=long_ago)
+    used = PreOrderFactory(owner=owner, expires_at=long_ago)
+    Order.objects.create(
+        owner=owner, merchant_order_no=used.merchant_order_no, amount=100
+    )
+    an_hour_ago = timezone.now() - timedelta(hours=1)
+    recent = PreOrderFactory(owner=owner, expires_at=an_hour_ago)
+    live = PreOrderFactory(owner=owner)
+    # Batches of 2, each its own short transaction: savepoint, ids, delete, release.
+    with django_assert_max_num_queries(3 * 4):
+        assert preorder_purge_expired(grace_seconds=86400, batch_size=2) == 5
+    left = set(PreOrder.objects.values_list("pk", flat=True))
+    assert left == {used.pk, recent.pk, live.pk}
+    assert not left & {p.pk for p in unused}
+
+
+def test_purge_command_and_task_use_the_setting(settings):
+    settings.PREORDER_PURGE_AFTER_SECONDS = 60
+    PreOrderFactory(expires_at=timezone.now() - timedelta(minutes=5))
+    out = StringIO()
+    call_command("purge_preorders", stdout=out)
+    assert out.getvalue().strip() == "deleted 1 unused expired pre-order(s)"
+    PreOrderFactory(expires_at=timezone.now() - timedelta(minutes=5))
+    assert purge_expired_preorders() == 1
+    assert not PreOrder.objects.exists()
+    hourly = settings.CELERY_BEAT_SCHEDULE["orders-purge-expired-preorders"]
+    assert hourly["task"] == purge_expired_preorders.name
