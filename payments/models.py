@@ -155,8 +155,8 @@ class ProviderEvent(models.Model):
 
 
 class CallbackNonce(models.Model):
-    """A callback nonce seen, when no Redis is configured: the unique index makes
-    each single-use; beat purges them after they expire."""
+    """A callback nonce seen: the unique index makes each single-use; beat purges
+    them after they expire."""
 
     nonce = models.CharField(max_length=128, unique=True)
     expires_at = models.DateTimeField(db_index=True)

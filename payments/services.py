@@ -11,6 +11,7 @@ from typing import Any
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
+from idempotency.sql import insert_unless_exists
 from ledger.models import JournalEntry
 from ledger.services import (
     external_account,
@@ -366,19 +367,17 @@ def provider_event_receive(
         if existing.status == ProviderEvent.Status.RECEIVED:
             enqueue_on_commit(provider_event_process_task, existing.pk)
         return existing, False
-    payment = _callback_payment(payload)
-    try:
-        with transaction.atomic():
-            event = ProviderEvent.objects.create(
-                event_id=payload["event_id"],
-                payment=payment,
-                kind=payload["status"],
-                payload=payload,
-                raw_body=raw_body,
-            )
-            enqueue_on_commit(provider_event_process_task, event.pk)
-    except IntegrityError:  # the same event, delivered twice at the same instant
+    event = ProviderEvent(
+        event_id=payload["event_id"],
+        payment=_callback_payment(payload),
+        kind=payload["status"],
+        payload=payload,
+        raw_body=raw_body,
+    )
+    if not insert_unless_exists(event, ["event_id"]):
+        # The same event, delivered twice at the same instant: the other stored it.
         return ProviderEvent.objects.get(event_id=payload["event_id"]), False
+    enqueue_on_commit(provider_event_process_task, event.pk)
     return event, True
 
 

@@ -2,8 +2,10 @@
 
 `v1` is HMAC-SHA256(secret, "<t>.<n>.<raw body>"). A callback is accepted only if the
 MAC matches (constant-time compare), `t` is within the tolerance of now, and the nonce
-was never seen before (Redis `SET NX EX` when configured, the `CallbackNonce` table
-otherwise), so a captured callback replayed as is gets a 401.
+was never seen before, so a captured callback replayed as is gets a 401. The nonces
+live in the `CallbackNonce` table, claimed with one `INSERT ... ON CONFLICT DO
+NOTHING`: the database, not Redis, is the truth here too, so losing Redis can never
+let a replay through.
 """
 
 import hashlib
@@ -13,11 +15,9 @@ import secrets
 import time
 from datetime import timedelta
 
-import redis as redis_lib
-from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from idempotency.redis import get_redis
+from idempotency.sql import delete_in_batches, insert_unless_exists
 
 from .exceptions import CallbackSignatureInvalid
 from .models import CallbackNonce
@@ -44,37 +44,16 @@ def sign(
 
 def nonce_claim(*, nonce: str, ttl_seconds: int) -> bool:
     """Mark `nonce` used; False if it was used before."""
-    client = get_redis()
-    if client is not None:
-        try:
-            return bool(
-                client.set(f"callback-nonce:{nonce}", 1, nx=True, ex=ttl_seconds)
-            )
-        except redis_lib.RedisError:
-            pass  # Redis is a fast path only: the table below is the fallback.
-    try:
-        with transaction.atomic():
-            CallbackNonce.objects.create(
-                nonce=nonce,
-                expires_at=timezone.now() + timedelta(seconds=ttl_seconds),
-            )
-    except IntegrityError:
-        return False
-    return True
+    expires_at = timezone.now() + timedelta(seconds=ttl_seconds)
+    return insert_unless_exists(
+        CallbackNonce(nonce=nonce, expires_at=expires_at), ["nonce"]
+    )
 
 
 def nonce_purge_expired(*, batch: int = 1000) -> int:
     """Delete expired nonces in batches; return how many went."""
-    deleted = 0
-    while True:
-        ids = list(
-            CallbackNonce.objects.filter(expires_at__lte=timezone.now()).values_list(
-                "pk", flat=True
-            )[:batch]
-        )
-        if not ids:
-            return deleted
-        deleted += CallbackNonce.objects.filter(pk__in=ids).delete()[0]
+    expired = CallbackNonce.objects.filter(expires_at__lte=timezone.now())
+    return delete_in_batches(expired, batch_size=batch)
 
 
 def signature_verify(*, header: str | None, body: bytes, secret: str) -> None:

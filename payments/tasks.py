@@ -38,7 +38,7 @@ def shipment_dispatch_task(shipment_id: int) -> bool:
 
 @shared_task
 def purge_expired_nonces() -> int:
-    """Delete callback nonces past their expiry (the table is the no-Redis path)."""
+    """Delete callback nonces past their expiry."""
     from .signatures import nonce_purge_expired
 
     return nonce_purge_expired()
