@@ -15,11 +15,9 @@ import argparse
 import http.client
 import json
 import os
-import statistics
 import subprocess
 import sys
 import threading
-import time
 import uuid
 from pathlib import Path
 
@@ -27,11 +25,13 @@ import psycopg
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+from bench.hammer import hammer  # noqa: E402
 from tests.servers import free_port, stop, wait_until_up  # noqa: E402
 
 PG = os.environ.get("BENCH_PG", "postgres://postgres@127.0.0.1:5432")
 DB = "ledger_bench"
 REDIS = os.environ.get("BENCH_REDIS", "redis://127.0.0.1:6379/13")
+PATH = "/bench/preorders"
 
 
 def prepare(env: dict) -> str:
@@ -49,52 +49,6 @@ def prepare(env: dict) -> str:
         text=True,
     ).stdout
     return json.loads(out)["token"]
-
-
-def drive(port, token, clients, seconds, make_request) -> dict:
-    """`clients` threads, each one keep-alive connection, for `seconds`."""
-    latencies: list[float] = []
-    errors = [0]
-    lock = threading.Lock()
-    stop_at = time.monotonic() + seconds
-
-    def client(n: int) -> None:
-        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
-        mine, i = [], 0
-        while time.monotonic() < stop_at:
-            body, headers = make_request(n, i)
-            headers = {
-                **headers,
-                "Authorization": f"Token {token}",
-                "Content-Type": "application/json",
-            }
-            started = time.perf_counter()
-            conn.request("POST", "/bench/preorders", body, headers)
-            response = conn.getresponse()
-            response.read()
-            mine.append(time.perf_counter() - started)
-            if response.status != 201:
-                with lock:
-                    errors[0] += 1
-            i += 1
-        with lock:
-            latencies.extend(mine)
-
-    threads = [threading.Thread(target=client, args=(n,)) for n in range(clients)]
-    begun = time.perf_counter()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    elapsed = time.perf_counter() - begun
-    latencies.sort()
-    return {
-        "rps": round(len(latencies) / elapsed, 1),
-        "p50_ms": round(statistics.median(latencies) * 1000, 2),
-        "p99_ms": round(latencies[int(len(latencies) * 0.99) - 1] * 1000, 2),
-        "requests": len(latencies),
-        "errors": errors[0],
-    }
 
 
 def preorders() -> int:
@@ -118,7 +72,7 @@ def burst(port, token, width: int) -> int:
             "Idempotency-Key": key,
         }
         barrier.wait()
-        conn.request("POST", "/bench/preorders", "{}", headers)
+        conn.request("POST", PATH, "{}", headers)
         response = conn.getresponse()
         statuses.append(response.status)
         response.read()
@@ -163,7 +117,8 @@ def main() -> int:
         start_new_session=True,
     )
     try:
-        wait_until_up(f"http://127.0.0.1:{port}", server, args.workers)
+        url = f"http://127.0.0.1:{port}"
+        wait_until_up(url, server, args.workers)
         run = uuid.uuid4().hex[:8]
         results: dict[str, dict] = {}
         for clients in (8, 32):
@@ -179,11 +134,10 @@ def main() -> int:
                 key = f"{run}-f{c}-{n}-0"  # the first key this client finished
                 return "{}", {"Idempotency-Key": key}
 
-            drive(port, token, clients, 1.0, bare)  # warm up every worker
+            hammer(url, PATH, token, clients, 1.0, bare)  # warm up every worker
             for name, make in (("bare", bare), ("first", first), ("replay", replay)):
-                results[f"{name}_{clients}"] = drive(
-                    port, token, clients, args.seconds, make
-                )
+                hammered = hammer(url, PATH, token, clients, args.seconds, make)
+                results[f"{name}_{clients}"] = hammered.figures()
         bursts = [burst(port, token, 16) for _ in range(20)]
     finally:
         stop(server)

@@ -29,13 +29,11 @@ The run, start to end (nothing is mocked; see bench/stack.py for the processes):
 """
 
 import argparse
-import http.client
 import json
 import os
 import queue
 import random
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -50,6 +48,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.hammer import Hammered, hammer
 from bench.proxy import CuttingProxy
 from bench.stack import BIN, DB, PG, ROOT, Stack, kill_group
 from bench.verdict import (
@@ -96,73 +95,26 @@ def options(argv: list[str] | None = None) -> argparse.Namespace:
 # -- overhead: the same endpoint with and without the layer ---------------------
 
 
-def measure(
-    url: str, token: str, clients: int, seconds: float, keyed: bool
-) -> tuple[list[float], float, int]:
-    """POST /api/v1/preorders from `clients` threads for `seconds`; (latencies,
-    elapsed seconds, answers other than 201)."""
-    host, port = url.removeprefix("http://").split(":")
-    latencies: list[float] = []
-    failures = [0]
-    lock = threading.Lock()
-    stop_at = time.monotonic() + seconds
-    run = uuid.uuid4().hex[:8]
-
-    def client(n: int) -> None:
-        mine, i = [], 0
-        while time.monotonic() < stop_at:
-            headers = {"Authorization": f"Token {token}"}
-            headers["Content-Type"] = "application/json"
-            if keyed:
-                headers["Idempotency-Key"] = f"overhead-{run}-{n}-{i}"
-            conn = http.client.HTTPConnection(host, int(port), timeout=30)
-            started = time.perf_counter()
-            conn.request("POST", "/api/v1/preorders", "{}", headers)
-            response = conn.getresponse()
-            response.read()
-            conn.close()
-            mine.append(time.perf_counter() - started)
-            if response.status != 201:
-                with lock:
-                    failures[0] += 1
-            i += 1
-        with lock:
-            latencies.extend(mine)
-
-    threads = [threading.Thread(target=client, args=(n,)) for n in range(clients)]
-    begun = time.perf_counter()
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    return latencies, time.perf_counter() - begun, failures[0]
-
-
 def overhead(url: str, token: str, seconds: float, rounds: int = 4) -> dict:
     """`seconds` of each scenario, without and with the layer, in alternating
     slices so that whatever else the machine does weighs on both alike."""
-    measure(url, token, 8, 0.5, keyed=False)  # warm every worker up
-    totals: dict[str, tuple[list[float], float, int]] = {
-        "bare": ([], 0.0, 0),
-        "keyed": ([], 0.0, 0),
-    }
+
+    def bare(n: int, i: int) -> tuple[str, dict[str, str]]:
+        return "{}", {}
+
+    def keyed(n: int, i: int) -> tuple[str, dict[str, str]]:
+        return "{}", {"Idempotency-Key": f"overhead-{uuid.uuid4().hex}"}
+
+    path = "/api/v1/preorders"
+    hammer(url, path, token, 8, 0.5, bare)  # warm every worker up
+    totals = {"bare": Hammered([], 0.0, 0), "keyed": Hammered([], 0.0, 0)}
     for _ in range(rounds):
-        for name in totals:
-            latencies, elapsed, errors = measure(
-                url, token, 8, seconds / rounds, keyed=name == "keyed"
-            )
-            done, spent, failed = totals[name]
-            totals[name] = (done + latencies, spent + elapsed, failed + errors)
-    result: dict = {}
-    for name, (latencies, elapsed, errors) in totals.items():
-        result[name] = {
-            "rps": round(len(latencies) / elapsed, 1),
-            "p50_ms": round(statistics.median(latencies) * 1000, 1),
-            "requests": len(latencies),
-            "errors": errors,
-        }
-    bare, keyed = result["bare"]["rps"], result["keyed"]["rps"]
-    result["ratio"] = round(keyed / bare, 3) if bare else 0.0
+        for name, make in (("bare", bare), ("keyed", keyed)):
+            slice_ = hammer(url, path, token, 8, seconds / rounds, make)
+            totals[name] = totals[name].add(slice_)
+    result: dict = {name: hammered.figures() for name, hammered in totals.items()}
+    bare_rps, keyed_rps = result["bare"]["rps"], result["keyed"]["rps"]
+    result["ratio"] = round(keyed_rps / bare_rps, 3) if bare_rps else 0.0
     return result
 
 

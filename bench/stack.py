@@ -16,7 +16,6 @@ import ctypes
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -27,7 +26,13 @@ import psycopg
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from tests.servers import children, free_port, wait_until_up  # noqa: E402
+from tests.servers import (  # noqa: E402
+    children,
+    free_port,
+    redis_command,
+    wait_for_port,
+    wait_until_up,
+)
 
 PG = os.environ.get("BENCH_PG", "postgres://postgres@127.0.0.1:5432")
 DB = os.environ.get("CHAOS_DB", "ledger_chaos")  # dropped and created per run
@@ -177,25 +182,9 @@ class Stack:
         )
 
     def start_redis(self, name: str, port: int) -> subprocess.Popen:
-        process = self.spawn(
-            f"redis-{name}",
-            [
-                "redis-server",
-                "--port",
-                str(port),
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-            ],
-        )
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            with suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.2):
-                return process
-            time.sleep(0.05)
+        process = self.spawn(f"redis-{name}", redis_command(port))
+        if wait_for_port(port):
+            return process
         raise RuntimeError(f"redis-server on {port} never came up")
 
     def start_gunicorn(self, name: str, port: int, workers: int) -> subprocess.Popen:

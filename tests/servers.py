@@ -98,30 +98,30 @@ def wait_until_up(url: str, process: subprocess.Popen, workers: int = 1) -> None
     raise AssertionError(f"{url} never came up")
 
 
+def redis_command(port: int) -> list[str]:
+    """A throwaway redis-server: loopback only, nothing kept on disk."""
+    port_args = ["--port", str(port), "--bind", "127.0.0.1"]
+    return ["redis-server", *port_args, "--save", "", "--appendonly", "no"]
+
+
+def wait_for_port(port: int, seconds: float = 10) -> bool:
+    """True once something accepts connections on 127.0.0.1:`port`."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        with suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.2):
+            return True
+        time.sleep(0.05)
+    return False
+
+
 @contextmanager
 def redis_server() -> Iterator[tuple[str, subprocess.Popen]]:
     """A redis-server of our own on a free port, to kill at will."""
     port = free_port()
     process = subprocess.Popen(
-        [
-            "redis-server",
-            "--port",
-            str(port),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-        ],
-        stdout=subprocess.DEVNULL,
-        start_new_session=True,
+        redis_command(port), stdout=subprocess.DEVNULL, start_new_session=True
     )
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        with suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.2):
-            break
-        time.sleep(0.05)
+    wait_for_port(port)
     try:
         yield f"redis://127.0.0.1:{port}/0", process
     finally:
