@@ -9,13 +9,13 @@ from datetime import timedelta
 
 from django.conf import settings
 from django.contrib.auth.models import User
-from django.db import IntegrityError, transaction
+from django.db import transaction
 from django.db.models import Exists, OuterRef
 from django.utils import timezone
 from django_fsm import ConcurrentTransition, can_proceed
 
 from idempotency.snowflake import next_snowflake
-from idempotency.sql import delete_in_batches
+from idempotency.sql import delete_in_batches, insert_unless_exists
 from ledger.exceptions import DomainError
 
 from .exceptions import (
@@ -52,9 +52,9 @@ def order_create(
 
     A number this caller was never issued, or one that expired unused, is refused. A
     second order for the same number is refused with `DuplicateOrder`, which names the
-    existing order: the early read answers the common case (a retry, a double click),
-    and the unique constraint on (owner, merchant_order_no) settles the race in which
-    two requests both pass the read.
+    existing order. The unique constraint on (owner, merchant_order_no) decides, in one
+    `INSERT ... ON CONFLICT DO NOTHING`: a retry, a double click and two racing
+    requests all lose the same way, without a savepoint or an exception.
     """
     if isinstance(amount, bool) or not isinstance(amount, int) or amount <= 0:
         raise ValueError("an order amount is a positive integer of minor units")
@@ -63,29 +63,24 @@ def order_create(
     ).first()
     if preorder is None:
         raise MerchantOrderNoUnknown()
-    if Order.objects.filter(owner=owner, merchant_order_no=merchant_order_no).exists():
-        raise DuplicateOrder(merchant_order_no=merchant_order_no)
     if preorder.is_expired:
+        placed = Order.objects.filter(owner=owner, merchant_order_no=merchant_order_no)
+        if placed.exists():
+            raise DuplicateOrder(merchant_order_no=merchant_order_no)
         raise MerchantOrderNoUnknown(
             f"Merchant order number {merchant_order_no} expired unused at "
             f"{preorder.expires_at.isoformat()}; ask for a new one."
         )
-    try:
-        with transaction.atomic():
-            return Order.objects.create(
-                owner=owner,
-                merchant_order_no=merchant_order_no,
-                amount=amount,
-                currency=currency,
-                description=description,
-            )
-    except IntegrityError:
-        # The constraint is the last guard: a concurrent request created it first.
-        if Order.objects.filter(
-            owner=owner, merchant_order_no=merchant_order_no
-        ).exists():
-            raise DuplicateOrder(merchant_order_no=merchant_order_no) from None
-        raise
+    order = Order(
+        owner=owner,
+        merchant_order_no=merchant_order_no,
+        amount=amount,
+        currency=currency,
+        description=description,
+    )
+    if not insert_unless_exists(order, ("owner_id", "merchant_order_no")):
+        raise DuplicateOrder(merchant_order_no=merchant_order_no)
+    return order
 
 
 def _order_transition(
