@@ -8,8 +8,9 @@ pyinstrument and prints the call tree, so a slow frame has a name. Usage:
 
     .venv/bin/python bench/profile_requests.py [--requests 500] [--tree pay]
 
-Scenarios: a pre-order without the layer (no key), the same as a first execution
-(a new key) and as a replay; an order; a payment from the balance. What it found and
+Scenarios: a pre-order without the layer (preorder-bare: no key), the same as a
+first execution (preorder-first: a new key each) and as a replay (preorder-replay);
+an order; a payment from the balance (pay). What it found and
 what was removed is in the README ("Where the time goes").
 """
 
@@ -31,6 +32,9 @@ DB = "ledger_profile"
 os.environ["DJANGO_SETTINGS_MODULE"] = "bench.settings"
 os.environ["DATABASE_URL"] = f"{PG}/{DB}"
 os.environ.setdefault("REDIS_URL", "redis://127.0.0.1:6379/9")
+
+
+SCENARIOS = ("preorder-bare", "preorder-first", "preorder-replay", "order", "pay")
 
 
 @dataclass
@@ -92,11 +96,11 @@ def scenarios() -> dict[str, Scenario]:
 
     post("/bench/preorders", "{}", f"{run}-replayed")
     return {
-        "preorder, no key": Scenario(lambda _: post("/bench/preorders", "{}"), str),
-        "preorder, first": Scenario(
+        "preorder-bare": Scenario(lambda _: post("/bench/preorders", "{}"), str),
+        "preorder-first": Scenario(
             lambda key: post("/bench/preorders", "{}", key), lambda i: f"{run}-p{i}"
         ),
-        "preorder, replay": Scenario(
+        "preorder-replay": Scenario(
             lambda key: post("/bench/preorders", "{}", key), lambda i: f"{run}-replayed"
         ),
         "order": Scenario(
@@ -131,7 +135,9 @@ def measure(scenario: Scenario, count: int) -> tuple[float, int]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=500)
-    parser.add_argument("--tree", default="pay", help="the scenario to sample")
+    parser.add_argument(
+        "--tree", default="pay", choices=SCENARIOS, help="the scenario to sample"
+    )
     args = parser.parse_args()
     fresh_database()
     import django
@@ -140,6 +146,8 @@ def main() -> int:
     from pyinstrument import Profiler
 
     found = scenarios()
+    if tuple(found) != SCENARIOS:
+        raise SystemExit(f"SCENARIOS is stale: {tuple(found)}")
     print(f"{'scenario':<20}{'CPU ms/request':>16}{'SQL statements':>16}")
     for name, scenario in found.items():
         cpu, statements = measure(scenario, args.requests)

@@ -1,4 +1,4 @@
-"""`make chaos --short`: the whole stack under load and chaos, audited afterwards.
+"""`make chaos BENCH_ARGS=--short`: the whole stack under load and chaos, audited.
 
 Runs `bench/load.py --chaos --short` (about 40 s: gunicorn, a Celery worker and beat,
 two redis-servers, PostgreSQL, agents that are SIGKILLed mid-request) as a subprocess
