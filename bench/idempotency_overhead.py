@@ -1,37 +1,47 @@
 """What does the idempotency layer cost, and what does a replay save?
 
-Starts gunicorn (4 sync workers) on PostgreSQL + Redis on this machine, then drives the
-same small write endpoint
+Starts gunicorn (4 sync workers) on PostgreSQL + Redis on this machine, then drives
+two real write endpoints (the benchmark settings make their key optional):
+
+  * POST /api/v1/preorders, the smallest write there is: one autocommit INSERT;
+  * POST /api/v1/orders, a typical one: a transaction of a few statements;
+
+each at 8 and 32 concurrent keep-alive clients
   * without the layer (no Idempotency-Key),
   * with it, every request a first execution (a new key each),
-  * with it, every request a replay of a finished key (served from Redis),
-at 8 and 32 concurrent keep-alive clients, and fires 16-way same-key bursts to count
-double executions. Prints a table and one JSON line. Usage:
+  * with it, every request a replay of a finished key (served from Redis).
+Without and with alternate in slices, so whatever else the two cores do weighs on
+both alike. Then 16-way same-key bursts count double executions. Prints a table and
+one JSON line; exits 1 on a double or lost execution. Usage:
 
     .venv/bin/python bench/idempotency_overhead.py [--seconds 8]
 """
 
 import argparse
 import http.client
+import itertools
 import json
 import os
 import subprocess
 import sys
 import threading
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 
 import psycopg
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from bench.hammer import hammer  # noqa: E402
+from bench.hammer import Hammered, MakeRequest, hammer  # noqa: E402
 from tests.servers import free_port, stop, wait_until_up  # noqa: E402
 
 PG = os.environ.get("BENCH_PG", "postgres://postgres@127.0.0.1:5432")
 DB = "ledger_bench"
 REDIS = os.environ.get("BENCH_REDIS", "redis://127.0.0.1:6379/13")
-PATH = "/bench/preorders"
+PREORDERS, ORDERS = "/api/v1/preorders", "/api/v1/orders"
+# Pre-orders issued up front, one per order the run may create.
+NUMBERS = 150_000
 
 
 def prepare(env: dict) -> str:
@@ -48,21 +58,92 @@ def prepare(env: dict) -> str:
         capture_output=True,
         text=True,
     ).stdout
+    with psycopg.connect(f"{PG}/{DB}") as conn:
+        conn.execute(
+            "INSERT INTO orders_preorder (merchant_order_no, owner_id, created_at,"
+            " expires_at) SELECT 'B' || g, u.id, now(), now() + interval '1 day'"
+            " FROM generate_series(1, %s) g, auth_user u WHERE u.username = 'bench'",
+            [NUMBERS],
+        )
     return json.loads(out)["token"]
 
 
-def preorders() -> int:
+def count(table: str) -> int:
     with psycopg.connect(f"{PG}/{DB}") as conn:
-        row = conn.execute("SELECT count(*) FROM orders_preorder").fetchone()
+        row = conn.execute(f"SELECT count(*) FROM {table}").fetchone()  # noqa: S608
         return row[0] if row else 0
 
 
-def burst(port, token, width: int) -> int:
+@dataclass
+class Endpoint:
+    """A write to drive: its path and a fresh body for each request."""
+
+    path: str
+    body: MakeRequest
+
+    def scenarios(self, run: str) -> dict[str, MakeRequest]:
+        firsts: dict[int, tuple[str, str]] = {}  # client -> its first key and body
+        serial = itertools.count()  # (request numbers restart with every slice)
+
+        def bare(n: int, i: int) -> tuple[str, dict[str, str]]:
+            return self.body(n, i)[0], {}
+
+        def first(n: int, i: int) -> tuple[str, dict[str, str]]:
+            key, body = f"{run}-{next(serial)}", self.body(n, i)[0]
+            firsts.setdefault(n, (key, body))
+            return body, {"Idempotency-Key": key}
+
+        def replay(n: int, i: int) -> tuple[str, dict[str, str]]:
+            key, body = firsts[n]
+            return body, {"Idempotency-Key": key}
+
+        return {"bare": bare, "first": first, "replay": replay}
+
+
+def endpoints() -> dict[str, Endpoint]:
+    numbers = itertools.count(1)  # next() on it is atomic under the GIL
+
+    def order(n: int, i: int) -> tuple[str, dict[str, str]]:
+        number = f"B{next(numbers)}"
+        return json.dumps({"merchant_order_no": number, "amount": 100}), {}
+
+    return {
+        "preorder": Endpoint(PREORDERS, lambda n, i: ("{}", {})),
+        "order": Endpoint(ORDERS, order),
+    }
+
+
+def measure(
+    url: str, token: str, endpoint: Endpoint, clients: int, seconds: float
+) -> dict[str, dict]:
+    """Without and with the layer in alternating slices, then replays."""
+    made = endpoint.scenarios(uuid.uuid4().hex[:8])
+    hammer(url, endpoint.path, token, clients, 1.0, made["bare"])  # warm up
+    rounds = 4
+    totals = {"bare": Hammered([], 0.0, 0), "first": Hammered([], 0.0, 0)}
+    for _ in range(rounds):
+        for name in totals:
+            got = hammer(
+                url, endpoint.path, token, clients, seconds / rounds, made[name]
+            )
+            totals[name] = totals[name].add(got)
+    results = {name: hammered.figures() for name, hammered in totals.items()}
+    results["replay"] = hammer(
+        url, endpoint.path, token, clients, seconds, made["replay"]
+    ).figures()
+    for name in ("first", "replay"):
+        results[name]["vs_bare"] = round(
+            results[name]["rps"] / results["bare"]["rps"], 3
+        )
+    return results
+
+
+def burst(port: int, token: str, width: int) -> int:
     """`width` clients send one key at the same instant; return executions."""
     key = f"burst-{uuid.uuid4()}"
     barrier = threading.Barrier(width)
     statuses: list[int] = []
-    before = preorders()
+    before = count("orders_preorder")
 
     def one() -> None:
         conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
@@ -72,7 +153,7 @@ def burst(port, token, width: int) -> int:
             "Idempotency-Key": key,
         }
         barrier.wait()
-        conn.request("POST", PATH, "{}", headers)
+        conn.request("POST", PREORDERS, "{}", headers)
         response = conn.getresponse()
         statuses.append(response.status)
         response.read()
@@ -84,7 +165,7 @@ def burst(port, token, width: int) -> int:
         t.join()
     if not set(statuses) <= {201, 409}:
         raise SystemExit(f"unexpected answers in a burst: {statuses}")
-    return preorders() - before
+    return count("orders_preorder") - before
 
 
 def main() -> int:
@@ -116,64 +197,40 @@ def main() -> int:
         stderr=subprocess.DEVNULL,
         start_new_session=True,
     )
+    results: dict[str, dict] = {}
     try:
         url = f"http://127.0.0.1:{port}"
         wait_until_up(url, server, args.workers)
-        run = uuid.uuid4().hex[:8]
-        results: dict[str, dict] = {}
-        for clients in (8, 32):
-
-            def bare(n, i):
-                return "{}", {}
-
-            def first(n, i, c=clients):
-                key = f"{run}-f{c}-{n}-{i}"
-                return "{}", {"Idempotency-Key": key}
-
-            def replay(n, i, c=clients):
-                key = f"{run}-f{c}-{n}-0"  # the first key this client finished
-                return "{}", {"Idempotency-Key": key}
-
-            hammer(url, PATH, token, clients, 1.0, bare)  # warm up every worker
-            for name, make in (("bare", bare), ("first", first), ("replay", replay)):
-                hammered = hammer(url, PATH, token, clients, args.seconds, make)
-                results[f"{name}_{clients}"] = hammered.figures()
+        for name, endpoint in endpoints().items():
+            for clients in (8, 32):
+                measured = measure(url, token, endpoint, clients, args.seconds)
+                results[f"{name}_{clients}"] = measured
         bursts = [burst(port, token, 16) for _ in range(20)]
     finally:
         stop(server)
 
-    print(f"{'scenario':<12}{'req/s':>10}{'p50 ms':>10}{'p99 ms':>10}{'errors':>8}")
-    for name, r in results.items():
-        print(
-            f"{name:<12}{r['rps']:>10}{r['p50_ms']:>10}{r['p99_ms']:>10}"
-            f"{r['errors']:>8}"
-        )
+    header = ("endpoint", "clients", "scenario", "req/s", "p50 ms", "p99 ms", "vs bare")
+    print("{:<10}{:>8}  {:<10}{:>9}{:>9}{:>9}{:>9}{:>8}".format(*header, "errors"))
+    for run, measured in results.items():
+        name, width = run.rsplit("_", 1)
+        for scenario, r in measured.items():
+            print(
+                f"{name:<10}{width:>8}  {scenario:<10}{r['rps']:>9}{r['p50_ms']:>9}"
+                f"{r['p99_ms']:>9}{r.get('vs_bare', ''):>9}{r['errors']:>8}"
+            )
     summary = {
-        "first_over_bare_8": round(
-            results["first_8"]["rps"] / results["bare_8"]["rps"], 3
-        ),
-        "first_over_bare_32": round(
-            results["first_32"]["rps"] / results["bare_32"]["rps"], 3
-        ),
-        "replay_over_bare_8": round(
-            results["replay_8"]["rps"] / results["bare_8"]["rps"], 3
-        ),
-        "replay_over_bare_32": round(
-            results["replay_32"]["rps"] / results["bare_32"]["rps"], 3
-        ),
         "bursts": len(bursts),
-        "double_executions": sum(count - 1 for count in bursts if count > 1),
-        "lost_executions": sum(1 for count in bursts if count == 0),
+        "double_executions": sum(n - 1 for n in bursts if n > 1),
+        "lost_executions": sum(1 for n in bursts if n == 0),
+        "errors": sum(r["errors"] for m in results.values() for r in m.values()),
     }
     print(
-        f"first/bare: {summary['first_over_bare_8']} (8 clients), "
-        f"{summary['first_over_bare_32']} (32); replay/bare: "
-        f"{summary['replay_over_bare_8']} (8), {summary['replay_over_bare_32']} (32); "
         f"16-way same-key bursts: {summary['bursts']}, double executions: "
-        f"{summary['double_executions']}"
+        f"{summary['double_executions']}, lost: {summary['lost_executions']}"
     )
     print(json.dumps({**summary, "results": results}))
-    return 1 if summary["double_executions"] or summary["lost_executions"] else 0
+    failed = summary["double_executions"] or summary["lost_executions"]
+    return 1 if failed or summary["errors"] else 0
 
 
 if __name__ == "__main__":

@@ -6,12 +6,13 @@ so no network client or server process blurs the figures. For each scenario it p
 the CPU time and the SQL statements per request; then it samples one scenario with
 pyinstrument and prints the call tree, so a slow frame has a name. Usage:
 
-    .venv/bin/python bench/profile_requests.py [--requests 500] [--tree pay]
+    .venv/bin/python bench/profile_requests.py [--requests 500] [--tree pay-first]
 
-Scenarios: a pre-order without the layer (preorder-bare: no key), the same as a
-first execution (preorder-first: a new key each) and as a replay (preorder-replay);
-an order; a payment from the balance (pay). What it found and
-what was removed is in the README ("Where the time goes").
+Scenarios: each write endpoint without the layer (`-bare`: no key; the benchmark
+settings make the key optional) and as a first execution (`-first`: a new key each):
+a pre-order, an order, a payment from the balance; and a pre-order replayed
+(`preorder-replay`). What it found and what was removed is in the README ("Where the
+time goes").
 """
 
 import argparse
@@ -34,7 +35,15 @@ os.environ["DATABASE_URL"] = f"{PG}/{DB}"
 os.environ.setdefault("REDIS_URL", "redis://127.0.0.1:6379/9")
 
 
-SCENARIOS = ("preorder-bare", "preorder-first", "preorder-replay", "order", "pay")
+SCENARIOS = (
+    "preorder-bare",
+    "preorder-first",
+    "preorder-replay",
+    "order-bare",
+    "order-first",
+    "pay-bare",
+    "pay-first",
+)
 
 
 @dataclass
@@ -94,21 +103,26 @@ def scenarios() -> dict[str, Scenario]:
             '"currency": "CNY", "description": "Tea"}'
         )
 
-    post("/bench/preorders", "{}", f"{run}-replayed")
+    preorders, orders = "/api/v1/preorders", "/api/v1/orders"
+    post(preorders, "{}", f"{run}-replayed")
     return {
-        "preorder-bare": Scenario(lambda _: post("/bench/preorders", "{}"), str),
+        "preorder-bare": Scenario(lambda _: post(preorders, "{}"), str),
         "preorder-first": Scenario(
-            lambda key: post("/bench/preorders", "{}", key), lambda i: f"{run}-p{i}"
+            lambda key: post(preorders, "{}", key), lambda i: f"{run}-p{i}"
         ),
         "preorder-replay": Scenario(
-            lambda key: post("/bench/preorders", "{}", key), lambda i: f"{run}-replayed"
+            lambda key: post(preorders, "{}", key), lambda i: f"{run}-replayed"
         ),
-        "order": Scenario(
-            lambda no: post("/api/v1/orders", order_body(no), f"{run}-o{no}"), number
+        "order-bare": Scenario(lambda no: post(orders, order_body(no)), number),
+        "order-first": Scenario(
+            lambda no: post(orders, order_body(no), f"{run}-o{no}"), number
         ),
-        "pay": Scenario(
+        "pay-bare": Scenario(
+            lambda no: post(f"{orders}/{no}/pay", '{"method": "balance"}'), order
+        ),
+        "pay-first": Scenario(
             lambda no: post(
-                f"/api/v1/orders/{no}/pay", '{"method": "balance"}', f"{run}-pay{no}"
+                f"{orders}/{no}/pay", '{"method": "balance"}', f"{run}-pay{no}"
             ),
             order,
         ),
@@ -136,7 +150,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=500)
     parser.add_argument(
-        "--tree", default="pay", choices=SCENARIOS, help="the scenario to sample"
+        "--tree", default="pay-first", choices=SCENARIOS, help="the scenario to sample"
     )
     args = parser.parse_args()
     fresh_database()
@@ -148,10 +162,16 @@ def main() -> int:
     found = scenarios()
     if tuple(found) != SCENARIOS:
         raise SystemExit(f"SCENARIOS is stale: {tuple(found)}")
-    print(f"{'scenario':<20}{'CPU ms/request':>16}{'SQL statements':>16}")
+    print(
+        f"{'scenario':<20}{'CPU ms/request':>16}{'SQL statements':>16}{'bare/it':>10}"
+    )
+    cpu_of: dict[str, float] = {}
     for name, scenario in found.items():
         cpu, statements = measure(scenario, args.requests)
-        print(f"{name:<20}{cpu:>16.3f}{statements:>16}")
+        cpu_of[name] = cpu
+        # Without the layer over with it: the throughput ratio when CPU-bound.
+        bare = cpu_of.get(name.rsplit("-", 1)[0] + "-bare", cpu)
+        print(f"{name:<20}{cpu:>16.3f}{statements:>16}{bare / cpu:>10.2f}")
     sampled = found[args.tree]
     arguments = [sampled.prepare(10**6 + i) for i in range(args.requests)]
     profiler = Profiler(interval=0.0005)
