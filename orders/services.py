@@ -181,6 +181,14 @@ def order_cancel_expired(*, older_than_seconds: int, batch: int = 500) -> int:
         ).update(status=Order.Status.CANCELLED, updated_at=timezone.now())
 
 
+# The shortest grace the purge accepts. `order_create` checks a number's expiry and
+# then inserts the order, which stays invisible to the purge until its transaction
+# commits: a number that expired during such a transaction must not be purged under
+# it. Ten minutes is far longer than any request may run (gunicorn's timeout and the
+# idempotency lease are 30 s).
+PREORDER_PURGE_MIN_GRACE_SECONDS = 600
+
+
 def preorder_purge_expired(
     *, grace_seconds: int, batch_size: int = 1000, max_seconds: float = 30.0
 ) -> int:
@@ -188,10 +196,19 @@ def preorder_purge_expired(
 
     A number that was used keeps its row (the order's history names it). Until the
     grace has passed, a late request still hears "expired", not "unknown". No order
-    can appear for an expired number, so what is picked stays unused. In batches
+    can appear for a number expired longer than the grace (see
+    `PREORDER_PURGE_MIN_GRACE_SECONDS`), so what is picked stays unused. In batches
     (see `delete_in_batches`); returns how many went.
     """
+    if grace_seconds < PREORDER_PURGE_MIN_GRACE_SECONDS:
+        raise ValueError(
+            f"a grace of {grace_seconds} s could purge a number an order is being "
+            f"created for; use at least {PREORDER_PURGE_MIN_GRACE_SECONDS} s"
+        )
     cutoff = timezone.now() - timedelta(seconds=grace_seconds)
-    used = Order.objects.filter(merchant_order_no=OuterRef("merchant_order_no"))
+    # By owner and number: the orders' unique index answers each probe.
+    used = Order.objects.filter(
+        owner=OuterRef("owner"), merchant_order_no=OuterRef("merchant_order_no")
+    )
     unused = PreOrder.objects.filter(expires_at__lt=cutoff).exclude(Exists(used))
     return delete_in_batches(unused, batch_size=batch_size, max_seconds=max_seconds)

@@ -2,7 +2,7 @@ from datetime import timedelta
 from io import StringIO
 
 import pytest
-from django.core.management import call_command
+from django.core.management import CommandError, call_command
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 from django_fsm import ConcurrentTransition
@@ -240,13 +240,24 @@ def test_purge_deletes_only_unused_long_expired(django_assert_max_num_queries):
 
 
 def test_purge_command_and_task_use_the_setting(settings):
-    settings.PREORDER_PURGE_AFTER_SECONDS = 60
-    PreOrderFactory(expires_at=timezone.now() - timedelta(minutes=5))
+    settings.PREORDER_PURGE_AFTER_SECONDS = 900
+    PreOrderFactory(expires_at=timezone.now() - timedelta(minutes=20))
     out = StringIO()
     call_command("purge_preorders", stdout=out)
     assert out.getvalue().strip() == "deleted 1 unused expired pre-order(s)"
-    PreOrderFactory(expires_at=timezone.now() - timedelta(minutes=5))
+    PreOrderFactory(expires_at=timezone.now() - timedelta(minutes=20))
     assert purge_expired_preorders() == 1
     assert not PreOrder.objects.exists()
     hourly = settings.CELERY_BEAT_SCHEDULE["orders-purge-expired-preorders"]
     assert hourly["task"] == purge_expired_preorders.name
+
+
+def test_purge_refuses_a_grace_an_order_in_progress_could_still_need():
+    # A number that expired a minute ago may belong to an order whose transaction
+    # has not committed yet: a grace that short is refused, and nothing is deleted.
+    PreOrderFactory(expires_at=timezone.now() - timedelta(minutes=1))
+    with pytest.raises(ValueError, match="at least 600 s"):
+        preorder_purge_expired(grace_seconds=0)
+    with pytest.raises(CommandError, match="at least 600 s"):
+        call_command("purge_preorders", "--grace-seconds", "-3600")
+    assert PreOrder.objects.count() == 1

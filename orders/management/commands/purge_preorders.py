@@ -1,5 +1,5 @@
 from django.conf import settings
-from django.core.management.base import BaseCommand
+from django.core.management.base import BaseCommand, CommandError
 
 from orders.services import preorder_purge_expired
 
@@ -22,9 +22,12 @@ class Command(BaseCommand):
         max_seconds: float,
         **options,
     ) -> None:
-        deleted = preorder_purge_expired(
-            grace_seconds=grace_seconds,
-            batch_size=batch_size,
-            max_seconds=max_seconds,
-        )
+        try:
+            deleted = preorder_purge_expired(
+                grace_seconds=grace_seconds,
+                batch_size=batch_size,
+                max_seconds=max_seconds,
+            )
+        except ValueError as refused:
+            raise CommandError(str(refused)) from None
         self.stdout.write(f"deleted {deleted} unused expired pre-order(s)")
