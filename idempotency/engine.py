@@ -381,7 +381,9 @@ def _claim(call: Call, started: float) -> Phases | HttpResponse:
             return Phases(record.pk, record.recovery_point, {}, locked_until)
         held = _existing(call, for_update=True)
         if held is None:  # expired and forgotten just now: start afresh
-            _insert(record)
+            if not _insert(record):  # ...unless a third request just did
+                metrics.count("in_flight")
+                raise IdempotencyKeyInFlight()
             return Phases(record.pk, record.recovery_point, {}, locked_until)
         record = held
         if (
