@@ -22,6 +22,7 @@ import http.client
 import itertools
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -168,7 +169,12 @@ def burst(port: int, token: str, width: int) -> int:
     return count("orders_preorder") - before
 
 
+def _stop_on_sigterm(signum: int, frame: object) -> None:
+    raise SystemExit(f"stopped by signal {signum}")  # so `finally` stops gunicorn
+
+
 def main() -> int:
+    signal.signal(signal.SIGTERM, _stop_on_sigterm)
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=8.0)
     parser.add_argument("--workers", type=int, default=4)
