@@ -28,9 +28,17 @@ class Hammered:
     def figures(self) -> dict:
         ordered = sorted(self.latencies)
         if not ordered:
-            return {"rps": 0.0, "p50_ms": 0.0, "p99_ms": 0.0, "requests": 0}
+            return {
+                "rps": 0.0,
+                "ok_rps": 0.0,
+                "p50_ms": 0.0,
+                "p99_ms": 0.0,
+                "requests": 0,
+            }
         return {
             "rps": round(len(ordered) / self.elapsed, 1),
+            # Only the answers that were the expected status (a 423 is no execution).
+            "ok_rps": round((len(ordered) - self.errors) / self.elapsed, 1),
             "p50_ms": round(statistics.median(ordered) * 1000, 2),
             "p99_ms": round(ordered[max(0, int(len(ordered) * 0.99) - 1)] * 1000, 2),
             "requests": len(ordered),

@@ -1,4 +1,5 @@
-"""What does the idempotency layer cost, and what does a replay save?
+"""What does the idempotency layer cost, what does a replay save, and how does it
+compare with the other ways to do it?
 
 Starts gunicorn (4 sync workers) on PostgreSQL + Redis on this machine, then drives
 two real write endpoints (the benchmark settings make their key optional):
@@ -11,8 +12,11 @@ each at 8 and 32 concurrent keep-alive clients
   * with it, every request a first execution (a new key each),
   * with it, every request a replay of a finished key (served from Redis).
 Without and with alternate in slices, so whatever else the two cores do weighs on
-both alike. Then 16-way same-key bursts count double executions. Prints a table and
-one JSON line; exits 1 on a double or lost execution. Usage:
+both alike. The pre-order endpoint then runs the same way behind the two contenders
+of bench/contenders.py (the seeds' naive design; django-idempotency-key, in a gunicorn
+of its own). Last, 16-way same-key bursts count executions for ours and for each
+contender. Prints a table and one JSON line; exits 1 if ours ever executes a burst
+twice or not at all. Usage:
 
     .venv/bin/python bench/idempotency_overhead.py [--seconds 8]
 """
@@ -27,6 +31,7 @@ import subprocess
 import sys
 import threading
 import uuid
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,6 +46,7 @@ PG = os.environ.get("BENCH_PG", "postgres://postgres@127.0.0.1:5432")
 DB = "ledger_bench"
 REDIS = os.environ.get("BENCH_REDIS", "redis://127.0.0.1:6379/13")
 PREORDERS, ORDERS = "/api/v1/preorders", "/api/v1/orders"
+NAIVE, PACKAGE = "/bench/naive/preorders", "/bench/package/preorders"
 # Pre-orders issued up front, one per order the run may create.
 NUMBERS = 150_000
 
@@ -109,9 +115,14 @@ def endpoints() -> dict[str, Endpoint]:
         return json.dumps({"merchant_order_no": number, "amount": 100}), {}
 
     return {
-        "preorder": Endpoint(PREORDERS, lambda n, i: ("{}", {})),
+        "preorder": Endpoint(PREORDERS, empty),
         "order": Endpoint(ORDERS, order),
+        "naive": Endpoint(NAIVE, empty),
     }
+
+
+def empty(n: int, i: int) -> tuple[str, dict[str, str]]:
+    return "{}", {}
 
 
 def measure(
@@ -134,13 +145,14 @@ def measure(
     ).figures()
     for name in ("first", "replay"):
         results[name]["vs_bare"] = round(
-            results[name]["rps"] / results["bare"]["rps"], 3
+            results[name]["ok_rps"] / results["bare"]["ok_rps"], 3
         )
     return results
 
 
-def burst(port: int, token: str, width: int) -> int:
-    """`width` clients send one key at the same instant; return executions."""
+def burst(port: int, token: str, path: str, width: int) -> tuple[int, list[int]]:
+    """`width` clients send one key at the same instant; return the executions (new
+    pre-orders) and the answers."""
     key = f"burst-{uuid.uuid4()}"
     barrier = threading.Barrier(width)
     statuses: list[int] = []
@@ -154,7 +166,7 @@ def burst(port: int, token: str, width: int) -> int:
             "Idempotency-Key": key,
         }
         barrier.wait()
-        conn.request("POST", PREORDERS, "{}", headers)
+        conn.request("POST", path, "{}", headers)
         response = conn.getresponse()
         statuses.append(response.status)
         response.read()
@@ -164,9 +176,47 @@ def burst(port: int, token: str, width: int) -> int:
         t.start()
     for t in threads:
         t.join()
-    if not set(statuses) <= {201, 409}:
-        raise SystemExit(f"unexpected answers in a burst: {statuses}")
-    return count("orders_preorder") - before
+    return count("orders_preorder") - before, statuses
+
+
+def bursts(port: int, token: str, path: str, rounds: int = 20) -> dict:
+    """`rounds` 16-way bursts: how many ran twice or more, or not at all."""
+    executions, answers = [], Counter[int]()
+    for _ in range(rounds):
+        executed, statuses = burst(port, token, path, 16)
+        executions.append(executed)
+        answers.update(statuses)
+    return {
+        "bursts": rounds,
+        "double_executions": sum(n - 1 for n in executions if n > 1),
+        "lost_executions": sum(1 for n in executions if n == 0),
+        "answers": dict(sorted(answers.items())),
+    }
+
+
+def serve(env: dict, settings: str, workers: int) -> tuple[int, subprocess.Popen]:
+    port = free_port()
+    server = subprocess.Popen(
+        [
+            str(ROOT / ".venv/bin/gunicorn"),
+            "ledger.wsgi",
+            "--bind",
+            f"127.0.0.1:{port}",
+            "--workers",
+            str(workers),
+        ],
+        cwd=ROOT,
+        env={**env, "DJANGO_SETTINGS_MODULE": settings},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    try:
+        wait_until_up(f"http://127.0.0.1:{port}", server, workers)
+    except BaseException:
+        stop(server)
+        raise
+    return port, server
 
 
 def _stop_on_sigterm(signum: int, frame: object) -> None:
@@ -187,56 +237,59 @@ def main() -> int:
         "REDIS_URL": REDIS,
     }
     token = prepare(env)
-    port = free_port()
-    server = subprocess.Popen(
-        [
-            str(ROOT / ".venv/bin/gunicorn"),
-            "ledger.wsgi",
-            "--bind",
-            f"127.0.0.1:{port}",
-            "--workers",
-            str(args.workers),
-        ],
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
     results: dict[str, dict] = {}
-    try:
-        url = f"http://127.0.0.1:{port}"
-        wait_until_up(url, server, args.workers)
-        for name, endpoint in endpoints().items():
-            for clients in (8, 32):
-                measured = measure(url, token, endpoint, clients, args.seconds)
-                results[f"{name}_{clients}"] = measured
-        bursts = [burst(port, token, 16) for _ in range(20)]
-    finally:
-        stop(server)
+    burst_results: dict[str, dict] = {}
+    # Each server: its settings, the endpoints it is measured on, where bursts go.
+    runs: list[tuple[str, dict[str, Endpoint], dict[str, str]]] = [
+        ("bench.settings", endpoints(), {"ours": PREORDERS, "naive": NAIVE}),
+        (
+            "bench.package_settings",
+            {"package": Endpoint(PACKAGE, empty)},
+            {"package": PACKAGE},
+        ),
+    ]
+    for settings, driven, burst_paths in runs:
+        port, server = serve(env, settings, args.workers)
+        try:
+            url = f"http://127.0.0.1:{port}"
+            for name, endpoint in driven.items():
+                for clients in (8, 32):
+                    measured = measure(url, token, endpoint, clients, args.seconds)
+                    results[f"{name}_{clients}"] = measured
+            for name, path in burst_paths.items():
+                burst_results[name] = bursts(port, token, path)
+        finally:
+            stop(server)
 
-    header = ("endpoint", "clients", "scenario", "req/s", "p50 ms", "p99 ms", "vs bare")
+    header = ("endpoint", "clients", "scenario", "ok/s", "p50 ms", "p99 ms", "vs bare")
     print("{:<10}{:>8}  {:<10}{:>9}{:>9}{:>9}{:>9}{:>8}".format(*header, "errors"))
     for run, measured in results.items():
         name, width = run.rsplit("_", 1)
         for scenario, r in measured.items():
             print(
-                f"{name:<10}{width:>8}  {scenario:<10}{r['rps']:>9}{r['p50_ms']:>9}"
+                f"{name:<10}{width:>8}  {scenario:<10}{r['ok_rps']:>9}{r['p50_ms']:>9}"
                 f"{r['p99_ms']:>9}{r.get('vs_bare', ''):>9}{r['errors']:>8}"
             )
+    for name, b in burst_results.items():
+        print(
+            f"16-way same-key bursts, {name}: {b['bursts']}, double executions: "
+            f"{b['double_executions']}, lost: {b['lost_executions']}, "
+            f"answers: {b['answers']}"
+        )
+    ours = burst_results["ours"]
     summary = {
-        "bursts": len(bursts),
-        "double_executions": sum(n - 1 for n in bursts if n > 1),
-        "lost_executions": sum(1 for n in bursts if n == 0),
-        "errors": sum(r["errors"] for m in results.values() for r in m.values()),
+        "double_executions": ours["double_executions"],
+        "lost_executions": ours["lost_executions"],
+        "errors": sum(
+            r["errors"]
+            for run, m in results.items()
+            if run.startswith(("preorder", "order"))
+            for r in m.values()
+        ),
     }
-    print(
-        f"16-way same-key bursts: {summary['bursts']}, double executions: "
-        f"{summary['double_executions']}, lost: {summary['lost_executions']}"
-    )
-    print(json.dumps({**summary, "results": results}))
+    print(json.dumps({**summary, "results": results, "bursts": burst_results}))
     failed = summary["double_executions"] or summary["lost_executions"]
-    return 1 if failed or summary["errors"] else 0
+    return 1 if failed or summary["errors"] or set(ours["answers"]) - {201, 409} else 0
 
 
 if __name__ == "__main__":

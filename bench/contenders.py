@@ -1,0 +1,81 @@
+"""Two other ways to give the pre-order endpoint idempotency keys, for the benchmark to
+hold ours against (bench/idempotency_overhead.py). Neither is part of the product.
+
+* **naive**, the design the seeds start from: insert the key row first (its own
+  autocommit INSERT; the unique constraint refuses a second one), run the view, then
+  update the row with the response. Two statements and no Redis: cheaper than ours,
+  and wrong after a crash. The effect and "the key is finished" commit separately, so
+  a process killed between them leaves the key `processing` for ever (every retry gets
+  409) while the pre-order exists, and a crash before the view leaves a key that
+  promises an effect that never happened.
+* **package**: django-idempotency-key 1.3.0, configured as its README says for several
+  processes (responses in a Redis cache, its Redis lock). The lock covers only the
+  check "is a response stored for this key?", not the view, so requests that arrive
+  together all find nothing stored and all run the view.
+"""
+
+from datetime import timedelta
+
+from django.db import IntegrityError
+from django.http import HttpResponse
+from django.utils import timezone
+from idempotency_key.decorators import idempotency_key
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from idempotency.engine import REPLAY_HEADER
+from idempotency.models import IdempotencyRecord
+from ledger.auth import authenticated
+from orders.services import preorder_create
+
+Status = IdempotencyRecord.Status
+
+
+def _issue(request: Request) -> Response:
+    preorder = preorder_create(owner=authenticated(request))
+    return Response({"merchant_order_no": preorder.merchant_order_no}, status=201)
+
+
+class NaivePreorderApi(APIView):
+    def post(self, request: Request) -> HttpResponse:
+        key = request.headers.get("Idempotency-Key")
+        if key is None:
+            return _issue(request)
+        now = timezone.now()
+        record = IdempotencyRecord(
+            scope=f"naive:{request.user.pk}",
+            key=key,
+            endpoint="bench.naive",
+            method="POST",
+            path=request.path,
+            fingerprint="",
+            status=Status.PROCESSING,
+            created_at=now,
+            expires_at=now + timedelta(days=1),
+        )
+        try:
+            record.save(force_insert=True)  # autocommit: the constraint decides
+        except IntegrityError:
+            stored = IdempotencyRecord.objects.get(scope=record.scope, key=key)
+            if stored.status == Status.PROCESSING:
+                return HttpResponse(status=409)
+            replayed = HttpResponse(stored.response_body, status=stored.response_status)
+            replayed["Content-Type"] = "application/json"
+            replayed[REPLAY_HEADER] = "true"
+            return replayed
+        response = self.finalize_response(request, _issue(request))
+        response.render()
+        record.status = Status.SUCCEEDED
+        record.response_status = response.status_code
+        record.response_body = response.content
+        record.save(update_fields=["status", "response_status", "response_body"])
+        return response
+
+
+class PackagePreorderApi(APIView):
+    def post(self, request: Request) -> Response:
+        return _issue(request)
+
+
+package_preorder = idempotency_key(optional=True)(PackagePreorderApi.as_view())

@@ -1,0 +1,13 @@
+"""The project's URLs plus the benchmark's contenders (bench/contenders.py)."""
+
+from django.urls import path
+
+from ledger.urls import urlpatterns as project_urls
+
+from .contenders import NaivePreorderApi, package_preorder
+
+urlpatterns = [
+    path("bench/naive/preorders", NaivePreorderApi.as_view()),
+    path("bench/package/preorders", package_preorder),
+    *project_urls,
+]
