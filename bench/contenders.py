@@ -3,11 +3,10 @@ hold ours against (bench/idempotency_overhead.py). Neither is part of the produc
 
 * **naive**, the design the seeds start from: insert the key row first (its own
   autocommit INSERT; the unique constraint refuses a second one), run the view, then
-  update the row with the response. Two statements and no Redis: cheaper than ours,
-  and wrong after a crash. The effect and "the key is finished" commit separately, so
-  a process killed between them leaves the key `processing` for ever (every retry gets
-  409) while the pre-order exists, and a crash before the view leaves a key that
-  promises an effect that never happened.
+  update the row with the response. Fewer statements than ours and no Redis, but
+  three commits per request, and wrong after a crash: the key and the effect commit
+  separately, so a process killed after the first commit leaves the key `processing`
+  for good (every retry gets 409), whether the pre-order was made or not.
 * **package**: django-idempotency-key 1.3.0, configured as its README says for several
   processes (responses in a Redis cache, its Redis lock). The lock covers only the
   check "is a response stored for this key?", not the view, so requests that arrive
@@ -24,12 +23,10 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from idempotency.engine import REPLAY_HEADER
+from idempotency.engine import REPLAY_HEADER, Status
 from idempotency.models import IdempotencyRecord
 from ledger.auth import authenticated
 from orders.services import preorder_create
-
-Status = IdempotencyRecord.Status
 
 
 def _issue(request: Request) -> Response:

@@ -32,6 +32,7 @@ import sys
 import threading
 import uuid
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -75,9 +76,9 @@ def prepare(env: dict) -> str:
     return json.loads(out)["token"]
 
 
-def count(table: str) -> int:
+def preorders() -> int:
     with psycopg.connect(f"{PG}/{DB}") as conn:
-        row = conn.execute(f"SELECT count(*) FROM {table}").fetchone()  # noqa: S608
+        row = conn.execute("SELECT count(*) FROM orders_preorder").fetchone()
         return row[0] if row else 0
 
 
@@ -86,17 +87,17 @@ class Endpoint:
     """A write to drive: its path and a fresh body for each request."""
 
     path: str
-    body: MakeRequest
+    body: Callable[[], str]
 
     def scenarios(self, run: str) -> dict[str, MakeRequest]:
         firsts: dict[int, tuple[str, str]] = {}  # client -> its first key and body
         serial = itertools.count()  # (request numbers restart with every slice)
 
         def bare(n: int, i: int) -> tuple[str, dict[str, str]]:
-            return self.body(n, i)[0], {}
+            return self.body(), {}
 
         def first(n: int, i: int) -> tuple[str, dict[str, str]]:
-            key, body = f"{run}-{next(serial)}", self.body(n, i)[0]
+            key, body = f"{run}-{next(serial)}", self.body()
             firsts.setdefault(n, (key, body))
             return body, {"Idempotency-Key": key}
 
@@ -110,9 +111,8 @@ class Endpoint:
 def endpoints() -> dict[str, Endpoint]:
     numbers = itertools.count(1)  # next() on it is atomic under the GIL
 
-    def order(n: int, i: int) -> tuple[str, dict[str, str]]:
-        number = f"B{next(numbers)}"
-        return json.dumps({"merchant_order_no": number, "amount": 100}), {}
+    def order() -> str:
+        return json.dumps({"merchant_order_no": f"B{next(numbers)}", "amount": 100})
 
     return {
         "preorder": Endpoint(PREORDERS, empty),
@@ -121,8 +121,8 @@ def endpoints() -> dict[str, Endpoint]:
     }
 
 
-def empty(n: int, i: int) -> tuple[str, dict[str, str]]:
-    return "{}", {}
+def empty() -> str:
+    return "{}"
 
 
 def measure(
@@ -156,7 +156,7 @@ def burst(port: int, token: str, path: str, width: int) -> tuple[int, list[int]]
     key = f"burst-{uuid.uuid4()}"
     barrier = threading.Barrier(width)
     statuses: list[int] = []
-    before = count("orders_preorder")
+    before = preorders()
 
     def one() -> None:
         conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
@@ -176,7 +176,7 @@ def burst(port: int, token: str, path: str, width: int) -> tuple[int, list[int]]
         t.start()
     for t in threads:
         t.join()
-    return count("orders_preorder") - before, statuses
+    return preorders() - before, statuses
 
 
 def bursts(port: int, token: str, path: str, rounds: int = 20) -> dict:
