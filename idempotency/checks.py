@@ -1,0 +1,33 @@
+"""Settings that would quietly weaken a guarantee are refused before the app serves.
+
+`manage.py migrate`, `check` and `runserver` run these checks (so `make run` stops on
+them); a mistyped mode must not silently fall back to something else.
+"""
+
+from typing import Any
+
+from django.conf import settings
+from django.core import checks
+
+MODES = ("required", "optional", "off")
+REDIS_FAILURE = ("database", "refuse")
+
+
+@checks.register()
+def idempotency_settings(**kwargs: Any) -> list[checks.CheckMessage]:
+    errors: list[checks.CheckMessage] = []
+
+    def refuse(setting: str, why: str, code: int) -> None:
+        message = f"{setting} = {getattr(settings, setting)!r}: {why}"
+        errors.append(checks.Error(message, id=f"idempotency.E{code:03}"))
+
+    for setting in ("IDEMPOTENCY_TTL_SECONDS", "IDEMPOTENCY_LEASE_SECONDS"):
+        if getattr(settings, setting) <= 0:
+            refuse(setting, "must be a positive number of seconds", 1)
+    if settings.IDEMPOTENCY_REPLAY_CACHE_SECONDS < 0:
+        refuse("IDEMPOTENCY_REPLAY_CACHE_SECONDS", "must not be negative", 2)
+    if settings.IDEMPOTENCY_REDIS_FAILURE not in REDIS_FAILURE:
+        refuse("IDEMPOTENCY_REDIS_FAILURE", f"must be one of {REDIS_FAILURE}", 3)
+    if any(mode not in MODES for mode in settings.IDEMPOTENCY_ENDPOINTS.values()):
+        refuse("IDEMPOTENCY_ENDPOINTS", f"each mode must be one of {MODES}", 4)
+    return errors

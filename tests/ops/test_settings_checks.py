@@ -1,0 +1,51 @@
+"""Settings that would quietly weaken a guarantee stop `manage.py` before anything
+serves (Django's system checks: `migrate`, `check`, `runserver`)."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from django.core import checks
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def refused() -> list[str | None]:
+    return [message.id for message in checks.run_checks() if message.is_serious()]
+
+
+def test_the_shipped_settings_pass():
+    assert refused() == []
+
+
+@pytest.mark.parametrize(
+    ("setting", "value", "code"),
+    [
+        ("IDEMPOTENCY_TTL_SECONDS", 0, "idempotency.E001"),
+        ("IDEMPOTENCY_LEASE_SECONDS", -5, "idempotency.E001"),
+        ("IDEMPOTENCY_REPLAY_CACHE_SECONDS", -1, "idempotency.E002"),
+        ("IDEMPOTENCY_REDIS_FAILURE", "refuze", "idempotency.E003"),
+        ("IDEMPOTENCY_ENDPOINTS", {"orders.pay": "sometimes"}, "idempotency.E004"),
+        ("PREORDER_PURGE_AFTER_SECONDS", 599, "orders.E001"),
+    ],
+)
+def test_a_setting_that_weakens_a_guarantee_is_refused(settings, setting, value, code):
+    setattr(settings, setting, value)
+    assert refused() == [code]
+
+
+def test_manage_py_stops_on_a_purge_grace_from_the_environment():
+    env = {**os.environ, "PREORDER_PURGE_AFTER_SECONDS": "60"}
+    result = subprocess.run(
+        [sys.executable, "manage.py", "check"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 1, result.stdout
+    assert "orders.E001" in result.stderr
+    assert "PREORDER_PURGE_AFTER_SECONDS = 60" in result.stderr
