@@ -1,5 +1,5 @@
-"""Two other ways to give the pre-order endpoint idempotency keys, for the benchmark to
-hold ours against (bench/idempotency_overhead.py). Neither is part of the product.
+"""Other ways to give the pre-order endpoint idempotency keys, for the benchmark to
+hold ours against (bench/idempotency_overhead.py). None is part of the product.
 
 * **naive**, the design the seeds start from: insert the key row first (its own
   autocommit INSERT; the unique constraint refuses a second one), run the view, then
@@ -11,11 +11,16 @@ hold ours against (bench/idempotency_overhead.py). Neither is part of the produc
   processes (responses in a Redis cache, its Redis lock). The lock covers only the
   check "is a response stored for this key?", not the view, so requests that arrive
   together all find nothing stored and all run the view.
+* **floor**, not a design but a measuring rod: only the round trips that issue #3's
+  design makes unavoidable on a first execution, with no logic around them. A Redis
+  `SET NX PX` lock, BEGIN, the view's write, one INSERT of the key row, COMMIT, and a
+  Redis DEL. No fingerprint, no lookup, no stored response, no replay, no metrics: no
+  implementation of that design can be cheaper than this.
 """
 
 from datetime import timedelta
 
-from django.db import IntegrityError
+from django.db import IntegrityError, connection, transaction
 from django.http import HttpResponse
 from django.utils import timezone
 from idempotency_key.decorators import idempotency_key
@@ -25,6 +30,7 @@ from rest_framework.views import APIView
 
 from idempotency.engine import REPLAY_HEADER, Status
 from idempotency.models import IdempotencyRecord
+from idempotency.redis import get_redis
 from ledger.auth import authenticated
 from orders.services import preorder_create
 
@@ -67,6 +73,36 @@ class NaivePreorderApi(APIView):
         record.response_status = response.status_code
         record.response_body = response.content
         record.save(update_fields=["status", "response_status", "response_body"])
+        return response
+
+
+# The key row, with constants for everything the floor does not compute.
+FLOOR_INSERT = """
+INSERT INTO idempotency_idempotencyrecord
+    (scope, key, endpoint, method, path, fingerprint, request_fields, status,
+     response_headers, recovery_point, recovery_data, created_at, expires_at)
+VALUES (%s, %s, 'bench.floor', 'POST', '', '', '{}', 'succeeded', '{}', 'finished',
+        '{}', now(), now() + interval '1 day')
+"""
+
+
+class FloorPreorderApi(APIView):
+    def post(self, request: Request) -> HttpResponse:
+        key = request.headers.get("Idempotency-Key")
+        redis = get_redis()
+        if key is None or redis is None:
+            return _issue(request)
+        scope = f"floor:{request.user.pk}"
+        lock = f"{scope}:{key}"
+        if not redis.set(lock, "1", nx=True, px=30_000):
+            return HttpResponse(status=409)
+        try:
+            with transaction.atomic():
+                response = _issue(request)
+                with connection.cursor() as cursor:
+                    cursor.execute(FLOOR_INSERT, [scope, key])
+        finally:
+            redis.delete(lock)
         return response
 
 

@@ -5,8 +5,9 @@ import http.client
 import statistics
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 # (client number, request number) -> (body, extra headers)
 MakeRequest = Callable[[int, int], tuple[str, dict[str, str]]]
@@ -14,35 +15,36 @@ MakeRequest = Callable[[int, int], tuple[str, dict[str, str]]]
 
 @dataclass
 class Hammered:
-    latencies: list[float]  # seconds, one per request
-    elapsed: float  # seconds, wall clock
-    errors: int  # answers other than the expected status
+    latencies: list[float] = field(default_factory=list)  # seconds, one per request
+    elapsed: float = 0.0  # seconds, wall clock
+    # Answers other than the expected status, by status.
+    unexpected: Counter[int] = field(default_factory=Counter)
+
+    @property
+    def errors(self) -> int:
+        return self.unexpected.total()
 
     def add(self, other: "Hammered") -> "Hammered":
         return Hammered(
             self.latencies + other.latencies,
             self.elapsed + other.elapsed,
-            self.errors + other.errors,
+            self.unexpected + other.unexpected,
         )
 
     def figures(self) -> dict:
-        ordered = sorted(self.latencies)
-        if not ordered:
-            return {
-                "rps": 0.0,
-                "ok_rps": 0.0,
-                "p50_ms": 0.0,
-                "p99_ms": 0.0,
-                "requests": 0,
-            }
+        ordered = sorted(self.latencies) or [0.0]
+        served = len(self.latencies)
         return {
-            "rps": round(len(ordered) / self.elapsed, 1),
+            "rps": round(served / self.elapsed, 1) if served else 0.0,
             # Only the answers that were the expected status (a 423 is no execution).
-            "ok_rps": round((len(ordered) - self.errors) / self.elapsed, 1),
+            "ok_rps": round((served - self.errors) / self.elapsed, 1)
+            if served
+            else 0.0,
             "p50_ms": round(statistics.median(ordered) * 1000, 2),
             "p99_ms": round(ordered[max(0, int(len(ordered) * 0.99) - 1)] * 1000, 2),
-            "requests": len(ordered),
+            "requests": served,
             "errors": self.errors,
+            "unexpected": dict(sorted(self.unexpected.items())),
         }
 
 
@@ -59,7 +61,7 @@ def hammer(
     one connection, which http.client reopens whenever the server closes it."""
     host, port = url.removeprefix("http://").split(":")
     latencies: list[float] = []
-    errors = [0]
+    unexpected = Counter[int]()
     lock = threading.Lock()
     stop_at = time.monotonic() + seconds
 
@@ -80,7 +82,7 @@ def hammer(
             mine.append(time.perf_counter() - started)
             if response.status != expect:
                 with lock:
-                    errors[0] += 1
+                    unexpected[response.status] += 1
             i += 1
         conn.close()
         with lock:
@@ -92,4 +94,4 @@ def hammer(
         thread.start()
     for thread in threads:
         thread.join()
-    return Hammered(latencies, time.perf_counter() - begun, errors[0])
+    return Hammered(latencies, time.perf_counter() - begun, unexpected)

@@ -12,11 +12,12 @@ each at 8 and 32 concurrent keep-alive clients
   * with it, every request a first execution (a new key each),
   * with it, every request a replay of a finished key (served from Redis).
 Without and with alternate in slices, so whatever else the two cores do weighs on
-both alike. The pre-order endpoint then runs the same way behind the two contenders
-of bench/contenders.py (the seeds' naive design; django-idempotency-key, in a gunicorn
-of its own). Last, 16-way same-key bursts count executions for ours and for each
-contender. Prints a table and one JSON line; exits 1 if ours ever executes a burst
-twice or not at all. Usage:
+both alike. The pre-order endpoint then runs the same way behind the contenders of
+bench/contenders.py (the seeds' naive design; django-idempotency-key, in a gunicorn of
+its own) and behind the floor: only the round trips our design cannot do without
+(first executions only; it has no replays). Last, 16-way same-key bursts count
+executions for ours and for each contender. Prints a table and one JSON line; exits 1
+if ours ever executes a burst twice or not at all. Usage:
 
     .venv/bin/python bench/idempotency_overhead.py [--seconds 8]
 """
@@ -48,6 +49,7 @@ DB = "ledger_bench"
 REDIS = os.environ.get("BENCH_REDIS", "redis://127.0.0.1:6379/13")
 PREORDERS, ORDERS = "/api/v1/preorders", "/api/v1/orders"
 NAIVE, PACKAGE = "/bench/naive/preorders", "/bench/package/preorders"
+FLOOR = "/bench/floor/preorders"
 # Pre-orders issued up front, one per order the run may create.
 NUMBERS = 150_000
 
@@ -88,6 +90,7 @@ class Endpoint:
 
     path: str
     body: Callable[[], str]
+    replays: bool = True  # the floor answers a finished key with an error
 
     def scenarios(self, run: str) -> dict[str, MakeRequest]:
         firsts: dict[int, tuple[str, str]] = {}  # client -> its first key and body
@@ -118,6 +121,7 @@ def endpoints() -> dict[str, Endpoint]:
         "preorder": Endpoint(PREORDERS, empty),
         "order": Endpoint(ORDERS, order),
         "naive": Endpoint(NAIVE, empty),
+        "floor": Endpoint(FLOOR, empty, replays=False),
     }
 
 
@@ -132,7 +136,7 @@ def measure(
     made = endpoint.scenarios(uuid.uuid4().hex[:8])
     hammer(url, endpoint.path, token, clients, 1.0, made["bare"])  # warm up
     rounds = 4
-    totals = {"bare": Hammered([], 0.0, 0), "first": Hammered([], 0.0, 0)}
+    totals = {"bare": Hammered(), "first": Hammered()}
     for _ in range(rounds):
         for name in totals:
             got = hammer(
@@ -140,10 +144,11 @@ def measure(
             )
             totals[name] = totals[name].add(got)
     results = {name: hammered.figures() for name, hammered in totals.items()}
-    results["replay"] = hammer(
-        url, endpoint.path, token, clients, seconds, made["replay"]
-    ).figures()
-    for name in ("first", "replay"):
+    if endpoint.replays:
+        results["replay"] = hammer(
+            url, endpoint.path, token, clients, seconds, made["replay"]
+        ).figures()
+    for name in results.keys() - {"bare"}:
         results[name]["vs_bare"] = round(
             results[name]["ok_rps"] / results["bare"]["ok_rps"], 3
         )
@@ -269,6 +274,7 @@ def main() -> int:
             print(
                 f"{name:<10}{width:>8}  {scenario:<10}{r['ok_rps']:>9}{r['p50_ms']:>9}"
                 f"{r['p99_ms']:>9}{r.get('vs_bare', ''):>9}{r['errors']:>8}"
+                + (f"  {r['unexpected']}" if r["errors"] else "")
             )
     for name, b in burst_results.items():
         print(

@@ -107,7 +107,7 @@ def overhead(url: str, token: str, seconds: float, rounds: int = 4) -> dict:
 
     path = "/api/v1/preorders"
     hammer(url, path, token, 8, 0.5, bare)  # warm every worker up
-    totals = {"bare": Hammered([], 0.0, 0), "keyed": Hammered([], 0.0, 0)}
+    totals = {"bare": Hammered(), "keyed": Hammered()}
     for _ in range(rounds):
         for name, make in (("bare", bare), ("keyed", keyed)):
             slice_ = hammer(url, path, token, 8, seconds / rounds, make)

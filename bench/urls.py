@@ -4,10 +4,11 @@ from django.urls import path
 
 from ledger.urls import urlpatterns as project_urls
 
-from .contenders import NaivePreorderApi, package_preorder
+from .contenders import FloorPreorderApi, NaivePreorderApi, package_preorder
 
 urlpatterns = [
     path("bench/naive/preorders", NaivePreorderApi.as_view()),
     path("bench/package/preorders", package_preorder),
+    path("bench/floor/preorders", FloorPreorderApi.as_view()),
     *project_urls,
 ]
