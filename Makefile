@@ -43,8 +43,9 @@ test: install-dev lint
 	LEDGER_TEST_DB=sqlite $(BIN)/pytest tests/ledger tests/idempotency/test_engine.py \
 		tests/idempotency/test_concurrency.py tests/idempotency/test_housekeeping.py
 
-# The layer with and without, and against the naive design and django-idempotency-key;
-# prints figures; needs PostgreSQL and Redis on 127.0.0.1 (not part of `make test`).
+# The layer with and without, against the naive design and django-idempotency-key, and
+# beside the floor (the round trips the design cannot do without); prints figures;
+# needs PostgreSQL and Redis on 127.0.0.1 (not part of `make test`).
 bench-idempotency: install-dev
 	$(BIN)/python bench/idempotency_overhead.py
 

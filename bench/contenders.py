@@ -11,11 +11,12 @@ hold ours against (bench/idempotency_overhead.py). None is part of the product.
   processes (responses in a Redis cache, its Redis lock). The lock covers only the
   check "is a response stored for this key?", not the view, so requests that arrive
   together all find nothing stored and all run the view.
-* **floor**, not a design but a measuring rod: only the round trips that issue #3's
-  design makes unavoidable on a first execution, with no logic around them. A Redis
-  `SET NX PX` lock, BEGIN, the view's write, one INSERT of the key row, COMMIT, and a
-  Redis DEL. No fingerprint, no lookup, no stored response, no replay, no metrics: no
-  implementation of that design can be cheaper than this.
+* **floor**, not a design but a measuring rod: only the round trips that our design
+  (a Redis lock per key; the key committed in the effect's transaction) cannot do
+  without on a first execution, and no logic around them: a Redis `SET NX PX`, BEGIN,
+  the view's write, one INSERT of the key row, COMMIT, a Redis DEL. No fingerprint, no
+  lookup, no stored response, no replay, no metrics: no implementation of the design
+  can be cheaper.
 """
 
 from datetime import timedelta
