@@ -3,7 +3,8 @@
 Runs each write through the whole Django stack (every middleware, DRF, the
 idempotency layer, the services) with Django's test client, on PostgreSQL and Redis,
 so no network client or server process blurs the figures. For each scenario it prints
-the CPU time and the SQL statements per request; then it samples one scenario with
+the CPU time per request (the median of five rounds in which the scenarios take turns)
+and the SQL statements per request; then it samples one scenario with
 pyinstrument and prints the call tree, so a slow frame has a name. Usage:
 
     .venv/bin/python bench/profile_requests.py [--requests 500] [--tree pay-first]
@@ -17,6 +18,7 @@ time goes").
 
 import argparse
 import os
+import statistics
 import sys
 import time
 import uuid
@@ -35,6 +37,7 @@ os.environ["DATABASE_URL"] = f"{PG}/{DB}"
 os.environ.setdefault("REDIS_URL", "redis://127.0.0.1:6379/9")
 
 
+ROUNDS = 5
 SCENARIOS = (
     "preorder-bare",
     "preorder-first",
@@ -129,12 +132,13 @@ def scenarios() -> dict[str, Scenario]:
     }
 
 
-def measure(scenario: Scenario, count: int) -> tuple[float, int]:
-    """CPU ms per request over `count` requests, and one request's SQL statements."""
+def measure(scenario: Scenario, count: int, first: int) -> tuple[float, int]:
+    """CPU ms per request over `count` requests (their arguments numbered from
+    `first`), and one request's SQL statements."""
     from django.db import connection, reset_queries
     from django.test.utils import CaptureQueriesContext
 
-    arguments = [scenario.prepare(i) for i in range(count + 2)]
+    arguments = [scenario.prepare(first + i) for i in range(count + 2)]
     scenario.send(arguments.pop())  # warm up: imports, caches, connections
     reset_queries()  # (each request resets the log; start the count at zero)
     with CaptureQueriesContext(connection) as captured:
@@ -165,13 +169,20 @@ def main() -> int:
     print(
         f"{'scenario':<20}{'CPU ms/request':>16}{'SQL statements':>16}{'bare/it':>10}"
     )
-    cpu_of: dict[str, float] = {}
-    for name, scenario in found.items():
-        cpu, statements = measure(scenario, args.requests)
-        cpu_of[name] = cpu
+    # The scenarios take turns in rounds, and each reports its median round, so that
+    # a slow moment of this shared machine does not land on one scenario alone.
+    rounds: dict[str, list[float]] = {name: [] for name in found}
+    statements: dict[str, int] = {}
+    for round_ in range(ROUNDS):
+        for name, scenario in found.items():
+            count = args.requests // ROUNDS
+            cpu, statements[name] = measure(scenario, count, round_ * (count + 2))
+            rounds[name].append(cpu)
+    cpu_of = {name: statistics.median(cpus) for name, cpus in rounds.items()}
+    for name, cpu in cpu_of.items():
         # Without the layer over with it: the throughput ratio when CPU-bound.
         bare = cpu_of.get(name.rsplit("-", 1)[0] + "-bare", cpu)
-        print(f"{name:<20}{cpu:>16.3f}{statements:>16}{bare / cpu:>10.2f}")
+        print(f"{name:<20}{cpu:>16.3f}{statements[name]:>16}{bare / cpu:>10.2f}")
     sampled = found[args.tree]
     arguments = [sampled.prepare(10**6 + i) for i in range(args.requests)]
     profiler = Profiler(interval=0.0005)
