@@ -30,13 +30,11 @@ class IdempotencyKeyApi(APIView):
     @extend_schema(responses={200: OutputSerializer})
     def get(self, request: Request, key: str) -> Response:
         record = (
-            IdempotencyRecord.objects.filter(
-                scope=f"user:{request.user.pk}", key=key, expires_at__gt=timezone.now()
-            )
+            IdempotencyRecord.objects.filter(scope=f"user:{request.user.pk}", key=key)
             .only("key", "status", "created_at", "expires_at", "response_status")
             .first()
         )
-        if record is None:
+        if record is None or record.expired(timezone.now()):
             raise Http404
         data = self.OutputSerializer(record).data
         if not record.finished:

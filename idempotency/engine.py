@@ -218,11 +218,20 @@ def _existing(call: Call, *, for_update: bool = False) -> IdempotencyRecord | No
     if for_update:
         records = records.select_for_update()
     record = records.first()
-    if record is not None and record.expires_at <= timezone.now():
-        # Past its time to live the key is forgotten, even before the purge runs.
+    if record is not None and record.expired(timezone.now()):
         record.delete()
         return None
     return record
+
+
+def _forget_expired(call: Call) -> bool:
+    """Delete the key's record if it has expired; True if one went."""
+    deleted, _ = (
+        IdempotencyRecord.objects.filter(scope=call.scope, key=call.key)
+        .expired()
+        .delete()
+    )
+    return deleted > 0
 
 
 def _answer_existing(record: IdempotencyRecord, call: Call) -> HttpResponse:
@@ -362,8 +371,13 @@ def _store_refusal(
         metrics.count("released")
         return response, None
     stored = stored_response(call.fingerprint, response)
+    record = _finished_record(call, stored)
     with transaction.atomic():
-        inserted = _insert(_finished_record(call, stored))
+        inserted = _insert(record)
+        if not inserted and _forget_expired(call):
+            # An expired record: the view's transaction had forgotten it, and its
+            # rollback brought it back.
+            inserted = _insert(record)
     if not inserted:
         return _answer_winner(call), None
     metrics.count("executed")
@@ -440,6 +454,7 @@ def _execute_phased(
         response_body=stored.body,
         recovery_point="finished",
         locked_until=None,
+        expires_at=timezone.now() + timedelta(seconds=settings.IDEMPOTENCY_TTL_SECONDS),
     )
     if not finished:
         metrics.count("in_flight")

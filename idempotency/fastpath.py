@@ -36,10 +36,15 @@ return {3}
 
 # KEYS: lock, response, credential. ARGV: token, response or '', cache ms, scope,
 # credential ms. Only the holder deletes the lock: one whose lease ran out must not
-# free a successor's. The credential entry lets `peek` find this caller's scope.
+# free a successor's. The lock goes first: a write that fails (Redis out of memory)
+# stops the script, and must not leave the key locked for a whole lease. A cache time
+# of 0 caches nothing. The credential entry lets `begin_for_credential` find this
+# caller's scope.
 _FINISH = """
-if ARGV[2] ~= '' then redis.call('SET', KEYS[2], ARGV[2], 'PX', ARGV[3]) end
 if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('DEL', KEYS[1]) end
+if ARGV[2] ~= '' and tonumber(ARGV[3]) > 0 then
+  redis.call('SET', KEYS[2], ARGV[2], 'PX', ARGV[3])
+end
 if KEYS[3] ~= '' then redis.call('SET', KEYS[3], ARGV[4], 'PX', ARGV[5]) end
 return 1
 """

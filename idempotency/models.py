@@ -4,8 +4,19 @@ One row per (scope, key); the database's unique constraint, not a read-then-writ
 decides which of two concurrent requests owns a key.
 """
 
+from datetime import datetime
+
 from django.db import models
 from django.db.models import Q
+from django.utils import timezone
+
+
+class RecordQuerySet(models.QuerySet["IdempotencyRecord"]):
+    def expired(self) -> "RecordQuerySet":
+        """Finished records past their time to live: see `IdempotencyRecord.expired`."""
+        return self.filter(expires_at__lte=timezone.now()).exclude(
+            status=IdempotencyRecord.Status.PROCESSING
+        )
 
 
 class IdempotencyRecord(models.Model):
@@ -20,7 +31,7 @@ class IdempotencyRecord(models.Model):
     # Which endpoint (the decorator's name) and request it was first used for.
     endpoint = models.CharField(max_length=100)
     method = models.CharField(max_length=10)
-    path = models.CharField(max_length=500)
+    path = models.TextField()  # as long as the URL the client sent
     fingerprint = models.CharField(max_length=64)
     # A short hash of each top-level body field, so a 422 can name what changed
     # without keeping the request body itself.
@@ -36,7 +47,10 @@ class IdempotencyRecord(models.Model):
     # once it has passed. Its exact value doubles as the lease holder's token.
     locked_until = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
+    # IDEMPOTENCY_TTL_SECONDS after the request finished.
     expires_at = models.DateTimeField(db_index=True)
+
+    objects = RecordQuerySet.as_manager()
 
     class Meta:
         constraints = [
@@ -58,3 +72,10 @@ class IdempotencyRecord(models.Model):
     @property
     def finished(self) -> bool:
         return self.status != self.Status.PROCESSING
+
+    def expired(self, now: datetime) -> bool:
+        """Past its time to live, the key is forgotten (even before the purge runs).
+        A record still processing never expires: past its first recovery point it is
+        the only memory of effects that committed, and forgetting it would let a retry
+        run them again. Stuck ones are `record_release_stuck`'s to deal with."""
+        return self.finished and self.expires_at <= now

@@ -12,8 +12,9 @@ logger = logging.getLogger(__name__)
 
 
 def record_purge_expired(*, batch_size: int = 1000, max_seconds: float = 30.0) -> int:
-    """Delete expired key records in small batches (see `delete_in_batches`)."""
-    expired = IdempotencyRecord.objects.filter(expires_at__lte=timezone.now())
+    """Delete expired key records in small batches (see `delete_in_batches`); records
+    still processing are `record_release_stuck`'s (see `IdempotencyRecord.expired`)."""
+    expired = IdempotencyRecord.objects.expired()
     return delete_in_batches(expired, batch_size=batch_size, max_seconds=max_seconds)
 
 

@@ -7,6 +7,7 @@ from prometheus_client import REGISTRY
 import idempotency.metrics  # noqa: F401  (registers the counters before we read them)
 from idempotency.models import IdempotencyRecord
 from idempotency.redis import get_redis
+from idempotency.services import record_purge_expired
 
 pytestmark = [pytest.mark.django_db, pytest.mark.urls("tests.idempotency.urls")]
 DEPOSITS = "/test/deposits"
@@ -212,6 +213,65 @@ def test_expired_lease_is_taken_over_and_resumed(alice, key, no_redis):
     assert alice.deposits() == 1  # resumed after the deposit, not repeated
     assert IdempotencyRecord.objects.get(key=key).recovery_data["resumed"] is True
     assert counted("taken_over") == before + 1
+
+
+def forget_redis() -> None:
+    if (redis := get_redis()) is not None:
+        redis.flushdb()
+
+
+def test_a_processing_record_past_its_ttl_is_resumed_not_forgotten(
+    alice, key, both_paths
+):
+    # A crash after the deposit committed, retried after the key's time to live: the
+    # record is the only memory of the deposit, so it must not expire while processing.
+    alice.post("/test/phased-deposits", {"amount": 5}, key)
+    past = timezone.now() - timezone.timedelta(seconds=1)
+    IdempotencyRecord.objects.filter(key=key).update(
+        status="processing",
+        recovery_point="deposited",
+        locked_until=past,
+        expires_at=past,
+    )
+    forget_redis()
+    assert record_purge_expired() == 0
+    response = alice.post("/test/phased-deposits", {"amount": 5}, key)
+    assert response.status_code == 201 and "Idempotent-Replayed" not in response
+    assert alice.deposits() == 1  # resumed after the deposit, not repeated
+    record = IdempotencyRecord.objects.get(key=key)
+    assert record.finished and record.expires_at > timezone.now()  # TTL from finish
+
+
+def test_an_expired_key_reused_for_a_refusal_is_refused_afresh(alice, key, both_paths):
+    # The view's transaction forgets the expired record and its rollback brings it
+    # back: storing the new refusal must forget it again, not answer 409.
+    body = {"amount": 5, "fail": "refuse"}
+    first = alice.post(DEPOSITS, body, key)
+    IdempotencyRecord.objects.filter(key=key).update(expires_at=timezone.now())
+    forget_redis()
+    again = alice.post(DEPOSITS, body, key)
+    assert_problem(again, 422, "insufficient_funds")
+    assert again.content == first.content and "Idempotent-Replayed" not in again
+    assert IdempotencyRecord.objects.get(key=key).expires_at > timezone.now()
+
+
+def test_without_a_replay_cache_a_retry_replays_at_once(alice, key, settings):
+    # Redis refuses a cache time of 0; the lock must be released all the same, or the
+    # retry would be a 409 for a whole lease.
+    settings.IDEMPOTENCY_REPLAY_CACHE_SECONDS = 0
+    first = alice.post(DEPOSITS, {"amount": 5}, key)
+    again = alice.post(DEPOSITS, {"amount": 5}, key)
+    assert again.content == first.content and again["Idempotent-Replayed"] == "true"
+    assert alice.deposits() == 1
+
+
+@pytest.mark.parametrize("action", ["pay", "cancel"])
+def test_a_refusal_on_a_very_long_path_is_stored(alice, key, action):
+    path = f"/api/v1/orders/{'A' * 600}/{action}"
+    first = alice.post(path, {"method": "balance"}, key)
+    assert_problem(first, 404, "not_found")
+    again = alice.post(path, {"method": "balance"}, key)
+    assert again.content == first.content and again["Idempotent-Replayed"] == "true"
 
 
 def test_optional_mode_runs_without_a_key(alice, settings):
