@@ -111,6 +111,11 @@ def _lease() -> timedelta:
     return timedelta(seconds=settings.IDEMPOTENCY_LEASE_SECONDS)
 
 
+def _expires_at(finished: datetime) -> datetime:
+    """A record is remembered for the time to live after its request finished."""
+    return finished + timedelta(seconds=settings.IDEMPOTENCY_TTL_SECONDS)
+
+
 def _store(response: HttpResponse) -> bool:
     """Is this response a business outcome a retry must see again?"""
     return response.status_code < 500 and response.status_code != 429
@@ -184,7 +189,7 @@ def _new_record(call: Call, **values: Any) -> IdempotencyRecord:
         fingerprint=call.fingerprint,
         request_fields=call.fields,
         created_at=now,
-        expires_at=now + timedelta(seconds=settings.IDEMPOTENCY_TTL_SECONDS),
+        expires_at=_expires_at(now),
         **values,
     )
 
@@ -454,7 +459,7 @@ def _execute_phased(
         response_body=stored.body,
         recovery_point="finished",
         locked_until=None,
-        expires_at=timezone.now() + timedelta(seconds=settings.IDEMPOTENCY_TTL_SECONDS),
+        expires_at=_expires_at(timezone.now()),
     )
     if not finished:
         metrics.count("in_flight")
