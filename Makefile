@@ -23,9 +23,10 @@ install-dev: $(VENV)/.installed-dev
 migrate: install
 	$(BIN)/python manage.py migrate --noinput
 
-run: migrate
-	$(BIN)/python manage.py seed_demo
-	APP_PORT=$(PORT) $(BIN)/honcho --no-colour -f Procfile start
+# Checks the settings, migrates, seeds the demo data, then runs the Procfile's
+# processes (ledger/supervisor.py) until Ctrl-C.
+run: install
+	PORT=$(PORT) $(BIN)/python manage.py serve
 
 worker: install
 	$(BIN)/celery -A ledger worker --loglevel INFO

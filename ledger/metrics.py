@@ -10,11 +10,13 @@ Read at `/metrics` together with the idempotency counters (`idempotency.metrics`
 - `payments_callback_inbox_depth`: provider events received and not yet processed,
   read from the database at scrape time.
 
-Under gunicorn with several workers set PROMETHEUS_MULTIPROC_DIR (an empty directory)
-so every process writes its samples there and `/metrics` sums them.
+With PROMETHEUS_MULTIPROC_DIR set (an empty directory; `make run` sets and empties one
+in the data folder) every web worker and every Celery process writes its samples
+there and `/metrics` sums them: one figure per host.
 """
 
 import logging
+import os
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -71,6 +73,16 @@ class InboxDepthCollector(Collector):
 
 def _task_name(sender: Any) -> str:
     return getattr(sender, "name", None) or str(sender)
+
+
+@signals.worker_process_shutdown.connect
+def _pool_process_exited(pid: int | None = None, **_: Any) -> None:
+    """A Celery pool process that ends keeps its counters in the sum, like a
+    gunicorn worker (ledger.gunicorn.child_exit)."""
+    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        from prometheus_client import multiprocess
+
+        multiprocess.mark_process_dead(pid or os.getpid())
 
 
 @signals.task_prerun.connect

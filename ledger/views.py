@@ -1,11 +1,14 @@
 """Operational endpoints: liveness, readiness and metrics."""
 
+import hmac
 import os
 
 from django.conf import settings
 from django.db import connection
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.http import require_GET
+
+from .problems import problem_response
 
 
 @require_GET
@@ -37,8 +40,18 @@ def readyz(request: HttpRequest) -> JsonResponse:
 
 @require_GET
 def metrics(request: HttpRequest) -> HttpResponse:
-    """Prometheus text format. Under gunicorn with several workers, set
-    PROMETHEUS_MULTIPROC_DIR so every worker's counters are summed."""
+    """Prometheus text format, summed over every process that writes to
+    PROMETHEUS_MULTIPROC_DIR (all web workers and the Celery worker under `make run`
+    and compose). With METRICS_TOKEN set, only `Authorization: Bearer <token>`."""
+    if settings.METRICS_TOKEN and not _bearer_matches(request, settings.METRICS_TOKEN):
+        response = problem_response(
+            401,
+            "metrics_token_required",
+            "Metrics need a token",
+            "Send Authorization: Bearer <METRICS_TOKEN>.",
+        )
+        response["WWW-Authenticate"] = 'Bearer realm="metrics"'
+        return response
     import prometheus_client
     from prometheus_client import multiprocess
 
@@ -55,4 +68,11 @@ def metrics(request: HttpRequest) -> HttpResponse:
         prometheus_client.generate_latest(registry)
         + prometheus_client.generate_latest(database),
         content_type=prometheus_client.CONTENT_TYPE_LATEST,
+    )
+
+
+def _bearer_matches(request: HttpRequest, token: str) -> bool:
+    scheme, _, given = request.headers.get("Authorization", "").partition(" ")
+    return scheme.lower() == "bearer" and hmac.compare_digest(
+        given.strip().encode(), token.encode()
     )

@@ -6,6 +6,7 @@ its queue in files, so `make run` works on a bare machine. `DATABASE_URL`, `REDI
 and `CELERY_BROKER_URL` switch it to PostgreSQL, Redis and a real broker.
 """
 
+import contextlib
 import os
 from pathlib import Path
 from typing import Any
@@ -52,6 +53,7 @@ INSTALLED_APPS = [
     "rest_framework",
     "rest_framework.authtoken",
     "drf_spectacular",
+    "drf_spectacular_sidecar",
     "django_celery_beat",
     "ledger",
     "idempotency",
@@ -160,6 +162,9 @@ SPECTACULAR_SETTINGS = {
     "DESCRIPTION": "Orders, payments and a ledger where every write happens once.",
     "VERSION": "1.0.0",
     "SERVE_INCLUDE_SCHEMA": False,
+    # /api/docs/ loads Swagger UI from our own static files, never from a CDN.
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
 }
 
 # The default currency of wallets and orders (ISO 4217); money is in minor units.
@@ -189,6 +194,11 @@ if CELERY_BROKER_URL == "filesystem://":
         "processed_folder": str(_broker_dir / "processed"),
         "store_processed": False,
     }
+    # kombu needs the folders to exist; `manage.py serve` says so clearly if they
+    # cannot be made.
+    for _folder in ("queue", "processed"):
+        with contextlib.suppress(OSError):
+            (_broker_dir / _folder).mkdir(parents=True, exist_ok=True)
 else:
     # Longer than any countdown or eta we use, or Redis would hand a delayed task to a
     # second worker while the first one still waits to run it.
@@ -286,6 +296,9 @@ CELERY_BEAT_SCHEDULE["payments-redrive-inbox"] = {
     "task": "payments.tasks.redrive_inbox",
     "schedule": 60.0,
 }
+
+# Operations: with a token set, /metrics answers only `Authorization: Bearer <token>`.
+METRICS_TOKEN = env("METRICS_TOKEN")
 
 # Operations: request ids, HTTP metrics and one JSON log line per request and per
 # Celery task (ledger.middleware, ledger.metrics, ledger.logging).

@@ -1,0 +1,61 @@
+"""The demo data of `make run`: a funded shopper and an admin."""
+
+import secrets
+from pathlib import Path
+from typing import Any
+
+from django.conf import settings
+from django.contrib.auth import get_user_model
+
+from ledger.services import customer_get_or_create, merchant_account, wallet_top_up
+
+DEMO_CUSTOMER = "demo"
+# A local demo shopper, printed on every `make run`; not a secret.
+DEMO_PASSWORD = "demo-password"  # noqa: S105
+DEMO_BALANCE = 100_000
+
+
+def demo_seed() -> dict[str, Any]:
+    """Create the demo customer (funded wallet) and the admin, or find them again.
+
+    Returns how to log in as each; the admin's password is random, made once and kept
+    in the data folder (`admin_password_file`) so every later run can show it again.
+    """
+    currency = settings.LEDGER_DEFAULT_CURRENCY
+    merchant_account(currency=currency)
+    _user, token, wallet = customer_get_or_create(
+        username=DEMO_CUSTOMER, password=DEMO_PASSWORD, currency=currency
+    )
+    wallet_top_up(account_id=wallet.pk, at_least=DEMO_BALANCE)
+    wallet.refresh_from_db()
+    stored = settings.DATA_DIR / "admin-password"
+    return {
+        "customer": {
+            "username": DEMO_CUSTOMER,
+            "password": DEMO_PASSWORD,
+            "token": token,
+            "account": wallet.pk,
+            "balance": wallet.balance,
+        },
+        "admin": {
+            "username": "admin",
+            "password": _admin_password(stored),
+            "password_file": str(stored),
+        },
+    }
+
+
+def _admin_password(stored: Path) -> str:
+    User = get_user_model()
+    if stored.exists() and User.objects.filter(username="admin").exists():
+        return stored.read_text().strip()
+    password = secrets.token_urlsafe(12)
+    admin, _ = User.objects.get_or_create(
+        username="admin", defaults={"is_staff": True, "is_superuser": True}
+    )
+    admin.is_staff = admin.is_superuser = True
+    admin.set_password(password)
+    admin.save()
+    stored.write_text(password)
+    stored.chmod(0o600)
+    return password

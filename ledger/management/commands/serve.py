@@ -1,0 +1,176 @@
+"""`make run`: check the settings, migrate, seed the demo, run the whole stack."""
+
+import os
+import socket
+import sys
+import time
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import httpx
+from django.conf import settings
+from django.core.management import call_command
+from django.core.management.base import BaseCommand, CommandError
+from django.db import DatabaseError
+from kombu import Connection
+from kombu.transport import TRANSPORT_ALIASES
+
+from ledger.demo import demo_seed
+from ledger.supervisor import Supervisor, read_procfile, terminal_foreground
+
+DEVELOPMENT_SECRET = "dev-provider-secret"  # noqa: S105 - the embedded default
+
+
+class Command(BaseCommand):
+    help = (
+        "Serve the web UI, API and admin with a Celery worker, Celery beat and the "
+        "provider simulator until Ctrl-C (what `make run` runs)."
+    )
+
+    def add_arguments(self, parser) -> None:
+        parser.add_argument("--procfile", default=str(settings.BASE_DIR / "Procfile"))
+
+    def handle(self, *args: Any, procfile: str, **options: Any) -> None:
+        port = int(os.environ.get("PORT") or 8000)
+        check_port_free(port)
+        check_broker(settings.CELERY_BROKER_URL)
+        try:
+            call_command("migrate", interactive=False, verbosity=0)
+            demo = demo_seed()
+        except DatabaseError as exc:
+            raise CommandError(f"the database does not answer: {exc}") from exc
+
+        supervisor = Supervisor(read_procfile(Path(procfile)), child_env(port))
+        ready = Readiness(f"http://127.0.0.1:{port}")
+        with terminal_foreground():
+            supervisor.install_signals()
+            supervisor.start()
+
+            def on_line(name: str, line: str) -> None:
+                if ready.note(name, line):
+                    self.stdout.write(banner(port, demo))
+
+            status = supervisor.run(on_line)
+        if status:
+            raise CommandError("a process of the stack stopped; see the lines above")
+
+
+def check_port_free(port: int) -> None:
+    with socket.socket() as probe:
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError as exc:
+            raise CommandError(
+                f"port {port} is in use ({exc.strerror}): stop what serves it, or run "
+                f"on another port: PORT={port + 1} make run"
+            ) from exc
+
+
+def check_broker(url: str) -> None:
+    """Refuse a broker that cannot work, in one line, before anything starts."""
+    scheme = urlsplit(url).scheme
+    if scheme not in TRANSPORT_ALIASES:
+        raise CommandError(
+            f"CELERY_BROKER_URL has an unknown scheme {scheme!r}: use filesystem:// "
+            "(the default), redis://HOST:6379/1 or amqp://USER:PASSWORD@HOST:5672//"
+        )
+    if scheme == "filesystem":
+        options = settings.CELERY_BROKER_TRANSPORT_OPTIONS
+        for folder in {options["data_folder_in"], options["processed_folder"]}:
+            try:
+                Path(folder).mkdir(parents=True, exist_ok=True)
+                probe = Path(folder, ".write-test")
+                probe.touch()
+                probe.unlink()
+            except OSError as exc:
+                raise CommandError(
+                    f"the broker folder {folder} cannot be used ({exc.strerror}): "
+                    "set LEDGER_DATA_DIR to a writable folder"
+                ) from exc
+        return
+    try:
+        with Connection(url, connect_timeout=5) as connection:
+            connection.ensure_connection(max_retries=1, timeout=5)
+    except Exception as exc:  # any failure to connect is the same answer here
+        raise CommandError(
+            f"the broker at {url.split('@')[-1]} does not answer ({exc}); "
+            "start it or fix CELERY_BROKER_URL"
+        ) from exc
+
+
+def child_env(port: int) -> dict[str, str]:
+    """The stack's environment: one PORT for every process (the worker and beat
+    build the provider's URLs from it) and one metrics folder, emptied now, that
+    every web and Celery process writes to so /metrics sums them."""
+    env = dict(os.environ)
+    env["PORT"] = str(port)
+    env["PYTHONUNBUFFERED"] = "1"
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    metrics = Path(env.get("PROMETHEUS_MULTIPROC_DIR") or settings.DATA_DIR / "metrics")
+    metrics.mkdir(parents=True, exist_ok=True)
+    for stale in metrics.glob("*.db"):
+        stale.unlink()
+    env["PROMETHEUS_MULTIPROC_DIR"] = str(metrics)
+    return env
+
+
+class Readiness:
+    """The stack is ready once the web answers /healthz and the worker said so."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.web = self.worker = self.announced = False
+        self.started = time.monotonic()
+
+    def note(self, name: str, line: str) -> bool:
+        """Take one output line; True exactly once, when the banner is due."""
+        if name == "worker" and line.rstrip().endswith(" ready."):
+            self.worker = True
+        if name == "web" and not self.web and "Booting worker" in line:
+            self.web = self._answers()
+        if not self.web and self.worker:
+            self.web = self._answers()
+        slow = time.monotonic() - self.started > 90
+        if self.announced or not (self.web and (self.worker or slow)):
+            return False
+        self.announced = True
+        return True
+
+    def _answers(self) -> bool:
+        for _ in range(50):
+            try:
+                return httpx.get(f"{self.url}/healthz", timeout=1).status_code == 200
+            except httpx.HTTPError:
+                time.sleep(0.1)
+        return False
+
+
+def banner(port: int, demo: dict[str, Any]) -> str:
+    url = f"http://127.0.0.1:{port}"
+    customer, admin = demo["customer"], demo["admin"]
+    secret = settings.PAYMENT_PROVIDER_SECRET
+    if secret == DEVELOPMENT_SECRET:
+        secret_line = f"{secret}   (embedded default; set PAYMENT_PROVIDER_SECRET)"
+    else:
+        secret_line = "from PAYMENT_PROVIDER_SECRET (not shown)"  # noqa: S105
+    rule = "-" * 78
+    return "\n".join(
+        [
+            rule,
+            f"  The ledger is up: {url}/",
+            f"  Shop        {url}/login   user {customer['username']}"
+            f" / {customer['password']}",
+            f"  API token   {customer['token']}",
+            f"              curl {url}/api/v1/accounts/me"
+            f' -H "Authorization: Token {customer["token"]}"',
+            f"  Admin       {url}/admin/   user {admin['username']}"
+            f" / {admin['password']}",
+            f"              (the admin password is kept in {admin['password_file']})",
+            f"  API docs    {url}/api/docs/",
+            f"  Callback secret  {secret_line}",
+            "  Ctrl-C stops everything.",
+            rule,
+            "",
+        ]
+    )
