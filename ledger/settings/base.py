@@ -34,7 +34,9 @@ def env_int(name: str, default: int) -> int:
 
 # Runtime files of the embedded mode (SQLite database, file broker, demo credentials).
 DATA_DIR = Path(env("LEDGER_DATA_DIR", str(BASE_DIR / ".var")))
-DATA_DIR.mkdir(parents=True, exist_ok=True)
+# Made here when possible; `manage.py serve` names a folder that cannot be made.
+with contextlib.suppress(OSError):
+    DATA_DIR.mkdir(parents=True, exist_ok=True)
 
 SECRET_KEY = env("DJANGO_SECRET_KEY", "dev-only-insecure-secret-key-change-me")
 DEBUG = env_bool("DJANGO_DEBUG", False)
@@ -140,7 +142,8 @@ USE_TZ = True
 
 STATIC_URL = "static/"
 STATIC_ROOT = DATA_DIR / "static"
-STATIC_ROOT.mkdir(exist_ok=True)
+with contextlib.suppress(OSError):
+    STATIC_ROOT.mkdir(exist_ok=True)
 STATICFILES_DIRS = [BASE_DIR / "static"]
 WHITENOISE_USE_FINDERS = True
 WHITENOISE_AUTOREFRESH = DEBUG

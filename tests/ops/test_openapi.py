@@ -122,3 +122,16 @@ def test_schema_and_docs_pages_answer(client):
     docs = client.get("/api/docs/")
     assert docs.status_code == 200
     assert b"swagger" in docs.content.lower()
+
+
+@pytest.mark.django_db
+def test_the_docs_page_needs_no_internet(client):
+    """Swagger UI's scripts, styles and icon come from the app itself."""
+    page = client.get("/api/docs/").content.decode()
+    outside = re.findall(r"""(?:src|href)=["']?(?:https?:)?//[^"' >]+""", page)
+    assert not outside, outside
+    assert not re.search(r"https?://(?!127\.0\.0\.1|localhost|testserver)", page)
+    assets = re.findall(r"""(?:src|href)=["']([^"']+\.(?:js|css|png))""", page)
+    assert len(assets) >= 3, page
+    for asset in assets:
+        assert client.get(asset).status_code == 200, asset

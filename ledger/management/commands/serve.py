@@ -34,6 +34,7 @@ class Command(BaseCommand):
     def handle(self, *args: Any, procfile: str, **options: Any) -> None:
         port = int(os.environ.get("PORT") or 8000)
         check_port_free(port)
+        check_folder(settings.DATA_DIR, "LEDGER_DATA_DIR")
         check_broker(settings.CELERY_BROKER_URL)
         try:
             call_command("migrate", interactive=False, verbosity=0)
@@ -67,6 +68,19 @@ def check_port_free(port: int) -> None:
             ) from exc
 
 
+def check_folder(folder: Path, setting: str) -> None:
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        probe = folder / ".write-test"
+        probe.touch()
+        probe.unlink()
+    except OSError as exc:
+        raise CommandError(
+            f"the folder {folder} cannot be used ({exc.strerror}): set {setting} "
+            "to a writable folder"
+        ) from exc
+
+
 def check_broker(url: str) -> None:
     """Refuse a broker that cannot work, in one line, before anything starts."""
     scheme = urlsplit(url).scheme
@@ -78,16 +92,7 @@ def check_broker(url: str) -> None:
     if scheme == "filesystem":
         options = settings.CELERY_BROKER_TRANSPORT_OPTIONS
         for folder in {options["data_folder_in"], options["processed_folder"]}:
-            try:
-                Path(folder).mkdir(parents=True, exist_ok=True)
-                probe = Path(folder, ".write-test")
-                probe.touch()
-                probe.unlink()
-            except OSError as exc:
-                raise CommandError(
-                    f"the broker folder {folder} cannot be used ({exc.strerror}): "
-                    "set LEDGER_DATA_DIR to a writable folder"
-                ) from exc
+            check_folder(Path(folder), "LEDGER_DATA_DIR")
         return
     try:
         with Connection(url, connect_timeout=5) as connection:

@@ -1,0 +1,77 @@
+"""A setting that cannot work stops `make run` at once, with one line naming it."""
+
+import os
+import socket
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.ops.test_make_run import clean_path
+from tests.servers import ROOT, free_port
+
+pytestmark = pytest.mark.slow
+
+
+def make_run(tmp_path: Path, port: int, **env: str) -> tuple[int, str]:
+    environment = {
+        "PATH": clean_path(),
+        "HOME": os.environ.get("HOME", "/root"),
+        "PORT": str(port),
+        "LEDGER_DATA_DIR": str(tmp_path / "data"),
+        **env,
+    }
+    result = subprocess.run(
+        ["make", "run"],
+        cwd=ROOT,
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        start_new_session=True,
+    )
+    return result.returncode, result.stdout + result.stderr
+
+
+def refused(output: str, words: str) -> None:
+    lines = [line for line in output.splitlines() if "CommandError" in line]
+    assert len(lines) == 1 and words in lines[0], output[-3000:]
+    assert "Traceback" not in output, output[-3000:]
+
+
+def test_a_port_in_use(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        code, output = make_run(tmp_path, port)
+    assert code != 0
+    refused(output, f"port {port} is in use")
+
+
+def test_a_broker_folder_that_cannot_be_made(tmp_path: Path) -> None:
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "broker").write_text("a file where a folder belongs")
+    code, output = make_run(tmp_path, free_port())
+    assert code != 0
+    refused(output, "broker")
+
+
+def test_an_unusable_data_folder(tmp_path: Path) -> None:
+    (tmp_path / "data").write_text("a file where a folder belongs")
+    code, output = make_run(tmp_path, free_port())
+    assert code != 0
+    refused(output, "LEDGER_DATA_DIR")
+
+
+@pytest.mark.parametrize(
+    ("url", "words"),
+    [
+        ("kafkaesque://127.0.0.1//", "unknown scheme 'kafkaesque'"),
+        (f"redis://127.0.0.1:{free_port()}/0", "does not answer"),
+    ],
+)
+def test_a_broker_that_cannot_work(tmp_path: Path, url: str, words: str) -> None:
+    code, output = make_run(tmp_path, free_port(), CELERY_BROKER_URL=url)
+    assert code != 0
+    refused(output, words)
