@@ -121,23 +121,27 @@ def child_env(port: int) -> dict[str, str]:
 
 
 class Readiness:
-    """The stack is ready once the web answers /healthz and the worker said so."""
+    """The stack is ready once the web answers /healthz and the worker and beat said
+    they started (or, if they are slow to say so, after 90 s)."""
+
+    SIGNS = {"worker": " ready.", "beat": "beat: Starting..."}
 
     def __init__(self, url: str) -> None:
         self.url = url
-        self.web = self.worker = self.announced = False
-        self.started = time.monotonic()
+        self.web = self.announced = False
+        self.started: set[str] = set()
+        self.since = time.monotonic()
 
     def note(self, name: str, line: str) -> bool:
         """Take one output line; True exactly once, when the banner is due."""
-        if name == "worker" and line.rstrip().endswith(" ready."):
-            self.worker = True
-        if name == "web" and not self.web and "Booting worker" in line:
+        sign = self.SIGNS.get(name)
+        if sign and sign in line:
+            self.started.add(name)
+        others = self.started == set(self.SIGNS)
+        slow = time.monotonic() - self.since > 90
+        if not self.web and (others or slow or "Booting worker" in line):
             self.web = self._answers()
-        if not self.web and self.worker:
-            self.web = self._answers()
-        slow = time.monotonic() - self.started > 90
-        if self.announced or not (self.web and (self.worker or slow)):
+        if self.announced or not (self.web and (others or slow)):
             return False
         self.announced = True
         return True
