@@ -34,7 +34,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from idempotency.client import IdempotentClient, OutcomeUnknown
+from idempotency.client import IdempotentClient, OutcomeUnknown, Result
 
 _print_lock = threading.Lock()
 
@@ -117,11 +117,11 @@ class Agent:
         )
         self.rng = random.Random(args.agent)
 
-    def send(self, intent: str, step: str, path: str, body: dict) -> httpx.Response:
+    def send(self, intent: str, step: str, path: str, body: dict) -> Result:
         """The step, then `retries` more times with the same key; print each answer."""
         name = f"{intent}: {step}"
         width = 2 if self.rng.random() < self.args.concurrent else 1
-        answers: list[httpx.Response] = []
+        answers: list[Result] = []
 
         def one() -> None:
             self.current.intent, self.current.step = intent, step

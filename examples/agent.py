@@ -47,8 +47,7 @@ def main() -> int:
             {"method": "balance"},
             intent=f"{args.task}: pay",
         )
-        replayed = paid.headers.get("Idempotent-Replayed") == "true"
-        print("pay:", paid.status_code, "(replayed)" if replayed else "", paid.text)
+        print("pay:", paid.status_code, "(replayed)" if paid.replayed else "", paid.text)
     except KeyReused as exc:
         print("bug: this task name was used for a different request:", exc)
         return 2

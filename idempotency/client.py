@@ -6,22 +6,33 @@ An intent is a name you choose for one thing you mean to happen once ("pay order
 file, so a process that is killed and started again sends the *same* key and gets the
 original outcome instead of a second charge.
 
+A caller that already has a natural key for the operation (`order:1234:pay`) passes
+it as `key=` instead of an intent; it is sent as is.
+
 It retries what may succeed on a retry — timeouts, connection errors, 5xx, 429 and
-409 `idempotency_key_in_flight` (honouring `Retry-After`) — with exponential backoff and
-full jitter until a deadline. It stops on any other answer: 2xx, and 4xx the server
-decided. A 422 `idempotency_key_reused` means the caller sent a different request under
-an old intent: a bug, raised as `KeyReused`. When the deadline passes with the outcome
-still unknown, it asks the key-status endpoint and raises `OutcomeUnknown` with what
-the server knows.
+409 `idempotency_key_in_flight` — with exponential backoff and full jitter until a
+deadline, honouring the server's `Retry-After` (seconds or an HTTP date) on 409, 429
+and 503. It stops on any other answer: 2xx, and 4xx the server decided; the `Result`
+says whether it was a replay of an earlier attempt's answer (`replayed`). A 422
+`idempotency_key_reused` means the caller sent a different request under an old
+intent: a bug, raised as `KeyReused`. When the deadline passes with the outcome still
+unknown, it asks the key-status endpoint and raises `OutcomeUnknown` with what the
+server knows.
+
+It never sends a key the server may have forgotten: the server keeps a key for its
+time to live (`key_ttl`, 24 h by default, as the server's `IDEMPOTENCY_TTL_SECONDS`)
+after the request finished, so past `key_ttl` since the key was first sent a retry
+could be executed as a new operation, a second charge. The client raises `KeyExpired`
+instead, with what the key-status endpoint knows.
 
 ```python
 from idempotency.client import IdempotentClient
 
 client = IdempotentClient("http://127.0.0.1:8000", token="...", store="agent-keys.db")
-response = client.post(
-    "/api/v1/orders/1234/pay", {"method": "balance"}, intent="pay order 1234"
+result = client.post(
+    "/api/v1/orders/1234/pay", {"method": "balance"}, key="order:1234:pay"
 )
-print(response.status_code, response.json())
+print(result.status_code, result.replayed, result.json())
 ```
 """
 
@@ -29,6 +40,8 @@ import random
 import sqlite3
 import time
 import uuid
+from dataclasses import dataclass
+from email.utils import parsedate_to_datetime
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -36,10 +49,45 @@ from urllib.parse import quote
 import httpx
 
 RETRYABLE_STATUS = frozenset({429, 500, 502, 503, 504})
+REPLAY_HEADER = "Idempotent-Replayed"
+
+
+@dataclass
+class Result:
+    """The final answer to an intent: the server's response, and whether it was the
+    stored answer of an earlier attempt (`replayed`) rather than a fresh execution."""
+
+    response: httpx.Response
+    key: str
+
+    @property
+    def replayed(self) -> bool:
+        return self.response.headers.get(REPLAY_HEADER) == "true"
+
+    @property
+    def status_code(self) -> int:
+        return self.response.status_code
+
+    @property
+    def headers(self) -> httpx.Headers:
+        return self.response.headers
+
+    @property
+    def content(self) -> bytes:
+        return self.response.content
+
+    @property
+    def text(self) -> str:
+        return self.response.text
+
+    def json(self) -> Any:
+        return self.response.json()
 
 
 class KeyReused(Exception):
     """The server saw this intent's key with a different request (422)."""
+
+    replayed = False  # the server refused; nothing of ours was replayed
 
     def __init__(self, response: httpx.Response) -> None:
         self.response = response
@@ -50,14 +98,23 @@ class OutcomeUnknown(Exception):
     """The deadline passed before a final answer; `status` is what the key-status
     endpoint said (None if the server has no record: nothing took effect)."""
 
+    replayed = False
+
     def __init__(self, intent: str, key: str, status: dict[str, Any] | None) -> None:
         self.intent, self.key, self.status = intent, key, status
         super().__init__(f"outcome of {intent!r} unknown (key {key}): {status}")
 
 
+class KeyExpired(OutcomeUnknown):
+    """The key is older than the server's time to live: sending it again could run
+    the operation a second time, so the client does not. `status` is what the server
+    still knows of it (None: forgotten, or never arrived)."""
+
+
 class IntentStore:
     """Intent name → idempotency key, in a SQLite file shared by restarts and by
-    several processes (the first to ask for an intent's key decides it)."""
+    several processes (the first to ask for an intent's key decides it), with when
+    the key was first sent."""
 
     def __init__(self, path: str | Path) -> None:
         self.path = str(path)
@@ -65,23 +122,38 @@ class IntentStore:
             db.execute(
                 "CREATE TABLE IF NOT EXISTS intents ("
                 " intent TEXT PRIMARY KEY, key TEXT NOT NULL,"
-                " created_at REAL NOT NULL, final_status INTEGER)"
+                " created_at REAL NOT NULL, final_status INTEGER, sent_at REAL)"
             )
+            columns = {row[1] for row in db.execute("PRAGMA table_info(intents)")}
+            if "sent_at" not in columns:  # a file from before the column
+                db.execute("ALTER TABLE intents ADD COLUMN sent_at REAL")
 
     def _connect(self) -> sqlite3.Connection:
         return sqlite3.connect(self.path, timeout=30, isolation_level=None)
 
-    def key_for(self, intent: str) -> str:
+    def key_for(self, intent: str, key: str | None = None) -> str:
         with self._connect() as db:
             db.execute(
                 "INSERT OR IGNORE INTO intents (intent, key, created_at)"
                 " VALUES (?, ?, ?)",
-                (intent, f"intent-{uuid.uuid4()}", time.time()),
+                (intent, key or f"intent-{uuid.uuid4()}", time.time()),
             )
             (key,) = db.execute(
                 "SELECT key FROM intents WHERE intent = ?", (intent,)
             ).fetchone()
         return key
+
+    def sending(self, intent: str) -> float:
+        """Note a send; return when the intent's key was first sent."""
+        with self._connect() as db:
+            db.execute(
+                "UPDATE intents SET sent_at = ? WHERE intent = ? AND sent_at IS NULL",
+                (time.time(), intent),
+            )
+            (sent_at,) = db.execute(
+                "SELECT sent_at FROM intents WHERE intent = ?", (intent,)
+            ).fetchone()
+        return sent_at
 
     def finish(self, intent: str, status: int) -> None:
         with self._connect() as db:
@@ -109,21 +181,36 @@ class IdempotentClient:
         base_delay: float = 0.1,
         max_delay: float = 5.0,
         http: httpx.Client | None = None,
+        key_ttl: float = 86400.0,
     ) -> None:
         self.http = http or httpx.Client(base_url=base_url, timeout=timeout)
         self.headers = {"Authorization": f"Token {token}"}
         self.intents = IntentStore(store)
         self.deadline = deadline
         self.base_delay, self.max_delay = base_delay, max_delay
+        self.key_ttl = key_ttl
         self.attempts = 0  # requests sent, for callers that report retries
 
-    def post(self, path: str, body: dict[str, Any], *, intent: str) -> httpx.Response:
-        """POST `body` to `path` so that `intent` takes effect at most once."""
-        key = self.intents.key_for(intent)
+    def post(
+        self,
+        path: str,
+        body: dict[str, Any],
+        *,
+        intent: str | None = None,
+        key: str | None = None,
+    ) -> Result:
+        """POST `body` to `path` so that `intent` (or the caller's own `key`) takes
+        effect at most once."""
+        if (intent is None) == (key is None):
+            raise TypeError("give either intent= or key=")
+        intent = intent if intent is not None else f"key:{key}"
+        key = self.intents.key_for(intent, key)
         headers = {**self.headers, "Idempotency-Key": key}
         give_up = time.monotonic() + self.deadline
         attempt = 0
         while True:
+            if time.time() - self.intents.sending(intent) > self.key_ttl:
+                raise KeyExpired(intent, key, self._status(key))
             wait = None
             try:
                 self.attempts += 1
@@ -131,17 +218,16 @@ class IdempotentClient:
             except httpx.TransportError:  # timeouts and broken connections
                 response = None
             if response is not None:
-                if response.status_code == 422 and _code(response) == (
-                    "idempotency_key_reused"
-                ):
+                code = response.status_code
+                if code == 422 and _code(response) == "idempotency_key_reused":
                     raise KeyReused(response)
-                if response.status_code == 409 and _code(response) == (
+                in_flight = code == 409 and _code(response) == (
                     "idempotency_key_in_flight"
-                ):
-                    wait = float(response.headers.get("Retry-After", "1"))
-                elif response.status_code not in RETRYABLE_STATUS:
-                    self.intents.finish(intent, response.status_code)
-                    return response
+                )
+                if not in_flight and code not in RETRYABLE_STATUS:
+                    self.intents.finish(intent, code)
+                    return Result(response, key)
+                wait = retry_after(response)
             if wait is None:
                 wait = random.uniform(  # noqa: S311 (jitter, not cryptography)
                     0, min(self.max_delay, self.base_delay * 2**attempt)
@@ -163,6 +249,20 @@ class IdempotentClient:
     def status(self, intent: str) -> dict[str, Any] | None:
         """What the server knows of this intent's key (None: no record of it)."""
         return self._status(self.intents.key_for(intent))
+
+
+def retry_after(response: httpx.Response) -> float | None:
+    """The server's `Retry-After` in seconds (a number or an HTTP date), if any."""
+    value = response.headers.get("Retry-After", "").strip()
+    if not value:
+        return None
+    if value.isdigit():
+        return float(value)
+    try:
+        when = parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    return max(0.0, when.timestamp() - time.time())
 
 
 def _code(response: httpx.Response) -> str | None:

@@ -1,9 +1,19 @@
 """The idempotent client against a real server: retries converge on one effect."""
 
+import email.utils
+import time
+
 import httpx
 import pytest
 
-from idempotency.client import IdempotentClient, IntentStore, KeyReused, OutcomeUnknown
+from idempotency.client import (
+    IdempotentClient,
+    IntentStore,
+    KeyExpired,
+    KeyReused,
+    OutcomeUnknown,
+)
+from idempotency.client import retry_after as _retry_after
 from tests.servers import gunicorn
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
@@ -91,3 +101,62 @@ def test_status_resolves_an_unknown_outcome(server, alice, tmp_path):
     client.post("/test/deposits", {"amount": 5}, intent="deposit 4")
     assert client.status("deposit 4")["status"] == "succeeded"
     assert isinstance(client.http, httpx.Client)
+
+
+def test_a_caller_supplied_key_is_sent_as_is(server, alice, tmp_path):
+    client = client_for(server, alice, tmp_path)
+    first = client.post("/test/deposits", {"amount": 5}, key="deposit:42")
+    again = client.post("/test/deposits", {"amount": 5}, key="deposit:42")
+    assert (first.key, first.replayed) == ("deposit:42", False)
+    assert again.replayed and again.content == first.content
+    assert client.status("key:deposit:42")["status"] == "succeeded"
+    assert alice.deposits() == 1
+    with pytest.raises(TypeError):
+        client.post("/test/deposits", {"amount": 5}, intent="x", key="y")
+
+
+def test_a_key_past_its_time_to_live_is_never_sent_again(server, alice, tmp_path):
+    client = client_for(server, alice, tmp_path, key_ttl=0.5)
+    assert client.post("/test/deposits", {"amount": 5}, intent="old").status_code == 201
+    time.sleep(0.6)
+    # The server may have forgotten the key: a retry could deposit again.
+    with pytest.raises(KeyExpired) as expired:
+        client.post("/test/deposits", {"amount": 5}, intent="old")
+    assert expired.value.status["status"] == "succeeded"  # what the server still knows
+    assert not expired.value.replayed
+    assert alice.deposits() == 1
+
+
+def scripted(*answers: httpx.Response) -> httpx.Client:
+    """A transport that answers from a script, for the client's own timing rules."""
+    pending = list(answers)
+    sent: list[float] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        sent.append(time.monotonic())
+        return pending.pop(0)
+
+    http = httpx.Client(base_url="http://shop", transport=httpx.MockTransport(handler))
+    http.sent = sent  # type: ignore[attr-defined]
+    return http
+
+
+@pytest.mark.parametrize("status", [429, 503])
+@pytest.mark.parametrize("form", ["seconds", "http-date"])
+def test_retry_after_is_honoured(tmp_path, status, form):
+    wait = 2
+    value = str(wait)
+    if form == "http-date":
+        value = email.utils.formatdate(time.time() + wait + 1, usegmt=True)
+    http = scripted(
+        httpx.Response(status, headers={"Retry-After": value}),
+        httpx.Response(201, json={"ok": True}, headers={"Idempotent-Replayed": "true"}),
+    )
+    client = IdempotentClient(
+        "http://shop", "t", store=tmp_path / "i.db", http=http, base_delay=0.01
+    )
+    result = client.post("/pay", {}, intent="pay")
+    assert result.status_code == 201 and result.replayed
+    gap = http.sent[1] - http.sent[0]  # type: ignore[attr-defined]
+    assert gap >= wait - 0.05, gap  # a whole-second date may round down
+    assert _retry_after(httpx.Response(429, headers={"Retry-After": "soon"})) is None
