@@ -47,7 +47,8 @@ def main() -> int:
             {"method": "balance"},
             intent=f"{args.task}: pay",
         )
-        print("pay:", paid.status_code, "(replayed)" if paid.replayed else "", paid.text)
+        replayed = "(replayed)" if paid.replayed else ""
+        print("pay:", paid.status_code, replayed, paid.text)
     except KeyReused as exc:
         print("bug: this task name was used for a different request:", exc)
         return 2
