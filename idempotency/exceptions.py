@@ -1,7 +1,29 @@
-from ledger.exceptions import DomainError
+"""The errors of the idempotency layer, and the base class they share with the app's.
+
+`ProblemError` is an exception that knows its HTTP answer: a status, a stable
+machine-readable `code`, a title and a detail (RFC 9457 problem details). The engine
+raises its own refusals as ProblemErrors; a project that installs the library derives
+its domain errors from it too (here `ledger.exceptions.DomainError`) and renders them
+all in one exception handler.
+"""
+
+from typing import Any
 
 
-class IdempotencyKeyMissing(DomainError):
+class ProblemError(Exception):
+    status: int = 400
+    code: str = "bad_request"
+    title: str = "Bad request"
+    default_detail: str = ""
+    headers: dict[str, str] = {}
+
+    def __init__(self, detail: str | None = None, **extra: Any) -> None:
+        self.detail = detail or self.default_detail or self.title
+        self.extra = extra
+        super().__init__(self.detail)
+
+
+class IdempotencyKeyMissing(ProblemError):
     status = 400
     code = "idempotency_key_missing"
     title = "Idempotency-Key header missing"
@@ -11,20 +33,20 @@ class IdempotencyKeyMissing(DomainError):
     )
 
 
-class IdempotencyKeyInvalid(DomainError):
+class IdempotencyKeyInvalid(ProblemError):
     status = 400
     code = "idempotency_key_invalid"
     title = "Idempotency-Key header invalid"
     default_detail = "An Idempotency-Key is 1 to 255 printable ASCII characters."
 
 
-class IdempotencyKeyReused(DomainError):
+class IdempotencyKeyReused(ProblemError):
     status = 422
     code = "idempotency_key_reused"
     title = "Idempotency-Key reused for another request"
 
 
-class IdempotencyKeyInFlight(DomainError):
+class IdempotencyKeyInFlight(ProblemError):
     status = 409
     code = "idempotency_key_in_flight"
     title = "A request with this Idempotency-Key is in progress"
@@ -38,7 +60,7 @@ class IdempotencyKeyInFlight(DomainError):
     headers = {"Retry-After": "1"}
 
 
-class IdempotencyUnavailable(DomainError):
+class IdempotencyUnavailable(ProblemError):
     status = 503
     code = "idempotency_unavailable"
     title = "Idempotency store unavailable"

@@ -1,23 +1,17 @@
 """Domain errors: the one base class every app's errors derive from.
 
-Each error carries an HTTP status and a stable machine-readable `code`; the single DRF
-exception handler in `ledger.problems` renders them as RFC 9457 problem details. Views
-never build error bodies by hand.
+`DomainError` builds on the idempotency library's `ProblemError`: each error carries an
+HTTP status and a stable machine-readable `code`; the single DRF exception handler in
+`ledger.problems` renders them all as RFC 9457 problem details. Views never build
+error bodies by hand.
 """
 
-from typing import Any
+from idempotency.exceptions import ProblemError
 
 
-class DomainError(Exception):
-    status: int = 400
-    code: str = "bad_request"
-    title: str = "Bad request"
-    default_detail: str = ""
-
-    def __init__(self, detail: str | None = None, **extra: Any) -> None:
-        self.detail = detail or self.default_detail or self.title
-        self.extra = extra
-        super().__init__(self.detail)
+class DomainError(ProblemError):
+    """A business rule refused the request (the idempotency layer's errors are
+    ProblemErrors too, so one handler renders both)."""
 
 
 class InsufficientFunds(DomainError):

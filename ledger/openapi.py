@@ -26,7 +26,8 @@ from drf_spectacular.openapi import AutoSchema
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse
 from rest_framework import serializers
 
-from .exceptions import DomainError
+from idempotency.exceptions import ProblemError
+
 from .problems import _DRF_CODES, PROBLEM_CONTENT_TYPE
 
 IDEMPOTENCY_KEY = OpenApiParameter(
@@ -70,8 +71,8 @@ IDEMPOTENCY_CODES = {
 EXTRA_CODES = {"not_found": 404, "internal_error": 500, "bad_request": 400}
 
 
-def _subclasses(cls: type[DomainError]) -> list[type[DomainError]]:
-    found: list[type[DomainError]] = []
+def _subclasses(cls: type[ProblemError]) -> list[type[ProblemError]]:
+    found: list[type[ProblemError]] = []
     for sub in cls.__subclasses__():
         found += [sub, *_subclasses(sub)]
     return found
@@ -87,7 +88,7 @@ def problem_codes() -> dict[str, int]:
     codes = dict(EXTRA_CODES)
     for cls, (code, _title) in _DRF_CODES.items():
         codes[code] = int(cls.status_code)  # type: ignore[attr-defined]
-    for error in _subclasses(DomainError):
+    for error in _subclasses(ProblemError):
         codes[error.code] = error.status
     return dict(sorted(codes.items()))
 
@@ -131,7 +132,7 @@ def _description(status: int, codes: list[str]) -> str:
     return f"Problem details; `code` is one of {listed}."
 
 
-def problems(*errors: type[DomainError]) -> dict[Any, OpenApiResponse]:
+def problems(*errors: type[ProblemError]) -> dict[Any, OpenApiResponse]:
     """`@extend_schema(responses={...})` entries for these domain errors."""
     by_status: dict[int, list[str]] = defaultdict(list)
     for error in errors:

@@ -7,7 +7,7 @@ from django.views import defaults
 from rest_framework import exceptions, status
 from rest_framework.response import Response
 
-from .exceptions import DomainError
+from idempotency.exceptions import ProblemError
 
 PROBLEM_CONTENT_TYPE = "application/problem+json"
 
@@ -33,7 +33,7 @@ def problem_response(
     return JsonResponse(body, status=status_code, content_type=PROBLEM_CONTENT_TYPE)
 
 
-def domain_error_response(exc: DomainError) -> JsonResponse:
+def domain_error_response(exc: ProblemError) -> JsonResponse:
     response = problem_response(
         exc.status, exc.code, exc.title, exc.detail, **exc.extra
     )
@@ -62,7 +62,7 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
     Anything else is a bug: it propagates and becomes a 500 (also problem+json, see
     `server_error`), and the transaction it ran in rolls back.
     """
-    if isinstance(exc, DomainError):
+    if isinstance(exc, ProblemError):
         body = problem(exc.status, exc.code, exc.title, exc.detail, **exc.extra)
         return Response(
             body,
