@@ -1,8 +1,9 @@
 """The Redis fast path: a lock per key and a short-lived cache of finished responses.
 
 Redis is an optimisation, never the truth. It lets a burst of duplicates get 409 or a
-replay without touching the database; the database's unique constraint still decides
-who executes. Losing Redis (or its data) therefore costs speed, never correctness.
+replay without touching the database; the database (the key's advisory lock, its
+unique constraint) still decides who executes. Losing Redis (or its data, or a lock
+whose lease ran out) therefore costs speed, never correctness.
 
 Each request costs two round trips: a begin (replay from the cache, or take the lock,
 or report who holds it) and `finish` (cache the response, release our lock). The begin
