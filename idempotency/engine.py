@@ -12,10 +12,13 @@ produces the response, and guarantees that `run` takes effect at most once per
   saving a recovery point; a retry after the lease has expired (the first process
   died) takes the key over and continues from the last recovery point.
 
-What is stored: business outcomes, 2xx and 4xx, are stored and replayed byte for byte.
-What is not: 5xx, 429 and our own 409 in-flight answer; after them the key is free, so
-a retry runs again. (In atomic mode nothing of a 5xx commits; in phased mode the phases
-that did commit stay, and the retry resumes after them.)
+What is stored, one rule for every endpoint: an outcome decided once the endpoint began
+executing (2xx, and 4xx business refusals) is stored and replayed byte for byte. What is
+not: a refusal of the request's form (malformed JSON, a body that fails the schema: see
+`refuse_form`; 413; 415), 5xx, 429 and our own 409 in-flight answer; after them the key
+is free, so a retry (or the corrected request) runs again. (In atomic mode nothing of a
+5xx commits; in phased mode the phases that did commit stay, and the retry resumes
+after them.)
 
 Exactly once does not rest on Redis: on PostgreSQL the request that executes always
 holds the key's advisory lock (atomic mode: for its whole transaction, taken in the
@@ -121,9 +124,31 @@ def _expires_at(finished: datetime) -> datetime:
     return finished + timedelta(seconds=settings.IDEMPOTENCY_TTL_SECONDS)
 
 
+# Set on a response that refuses the request for its form (see `refuse_form`).
+FORM_REFUSED = "idempotency_form_refused"
+# Statuses that always refuse the request's form: too large, or not our media type.
+FORM_STATUSES = frozenset({413, 415})
+
+
+def refuse_form(response: HttpResponse) -> HttpResponse:
+    """Mark `response` as a refusal of the request's form (malformed JSON, a body that
+    fails the endpoint's schema): decided before the endpoint began executing, so it
+    is not stored and the key stays free for the corrected request."""
+    setattr(response, FORM_REFUSED, True)
+    return response
+
+
 def _store(response: HttpResponse) -> bool:
-    """Is this response a business outcome a retry must see again?"""
-    return response.status_code < 500 and response.status_code != 429
+    """Is this response an outcome a retry must see again?
+
+    One rule for every endpoint: what was decided once the endpoint began executing
+    (2xx, business 4xx) is stored. A refusal of the request's form is not, nor what a
+    retry could change (5xx, 429).
+    """
+    status = response.status_code
+    if status >= 500 or status == 429 or status in FORM_STATUSES:
+        return False
+    return not getattr(response, FORM_REFUSED, False)
 
 
 def stored_response(
@@ -557,7 +582,14 @@ def _execute_phased(
 
 
 def _release_lease(phases: Phases) -> None:
-    """End our lease now so a retry may resume at once, from the last recovery point."""
-    IdempotencyRecord.objects.filter(
+    """Free the key for a retry at once. A record that has committed nothing but
+    itself (still "started") is deleted: the key is free for any request, a corrected
+    one included. Past a recovery point, the record is the memory of what committed:
+    its lease ends now, so a retry with the same request resumes from there."""
+    ours = IdempotencyRecord.objects.filter(
         pk=phases.record_id, locked_until=phases.locked_until
-    ).update(locked_until=timezone.now())
+    )
+    if phases.recovery_point == "started":
+        ours.filter(recovery_point="started").delete()
+    else:
+        ours.update(locked_until=timezone.now())
