@@ -6,4 +6,6 @@ class IdempotencyConfig(AppConfig):
     verbose_name = "Idempotency"
 
     def ready(self) -> None:
-        from . import checks  # noqa: F401  (registers the settings checks)
+        # Registers the settings checks, and the receivers that revoke API tokens
+        # in the Redis replay shortcut.
+        from . import checks, signals  # noqa: F401

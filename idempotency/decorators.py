@@ -22,18 +22,26 @@ from typing import Any
 
 from django.conf import settings
 from django.http import HttpResponse
+from rest_framework import exceptions
 from rest_framework.authtoken.models import Token
 from rest_framework.request import Request
 from rest_framework.views import APIView
 
 from . import metrics
-from .engine import Call, Phases, execute
+from .engine import Call, Phases, execute, refuse_form
 from .exceptions import IdempotencyKeyInvalid, IdempotencyKeyMissing
 from .fastpath import credential_digest
 from .fingerprint import fingerprint, key_is_valid
 from .middleware import FAST_PATH
 
 HEADER = "Idempotency-Key"
+# Refusals of the request's form (its JSON, its media type, its schema): decided before
+# the endpoint began executing, so the engine stores nothing and frees the key.
+FORM_ERRORS = (
+    exceptions.ParseError,
+    exceptions.UnsupportedMediaType,
+    exceptions.ValidationError,
+)
 
 
 def _token_credential(request: Request) -> str:
@@ -87,6 +95,8 @@ def idempotent(
                     # Domain errors become their problem+json response here, so the
                     # refusal can be stored; anything else propagates as a 500.
                     response = view.handle_exception(exc)
+                    if isinstance(exc, FORM_ERRORS):
+                        refuse_form(response)
                 # Render now: the engine stores the exact bytes the client receives.
                 response = view.finalize_response(request, response, *args, **kwargs)
                 if hasattr(response, "render"):

@@ -12,10 +12,18 @@ produces the response, and guarantees that `run` takes effect at most once per
   saving a recovery point; a retry after the lease has expired (the first process
   died) takes the key over and continues from the last recovery point.
 
-What is stored: business outcomes, 2xx and 4xx, are stored and replayed byte for byte.
-What is not: 5xx, 429 and our own 409 in-flight answer; after them the key is free, so
-a retry runs again. (In atomic mode nothing of a 5xx commits; in phased mode the phases
-that did commit stay, and the retry resumes after them.)
+What is stored, one rule for every endpoint: an outcome decided once the endpoint began
+executing (2xx, and 4xx business refusals) is stored and replayed byte for byte. What is
+not: a refusal of the request's form (malformed JSON, a body that fails the schema: see
+`refuse_form`; 413; 415), 5xx, 429 and our own 409 in-flight answer; after them the key
+is free, so a retry (or the corrected request) runs again. (In atomic mode nothing of a
+5xx commits; in phased mode the phases that did commit stay, and the retry resumes
+after them.)
+
+Exactly once does not rest on Redis: on PostgreSQL the request that executes always
+holds the key's advisory lock (atomic mode: for its whole transaction, taken in the
+statement that looks the key up; phased mode: while it commits its `processing`
+record, which then stands for the lock).
 """
 
 import hashlib
@@ -29,7 +37,7 @@ from typing import Any
 
 import redis as redis_lib
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import DatabaseError, connection, transaction
 from django.http import HttpResponse
 from django.utils import timezone
 
@@ -116,9 +124,31 @@ def _expires_at(finished: datetime) -> datetime:
     return finished + timedelta(seconds=settings.IDEMPOTENCY_TTL_SECONDS)
 
 
+# Set on a response that refuses the request for its form (see `refuse_form`).
+FORM_REFUSED = "idempotency_form_refused"
+# Statuses that always refuse the request's form: too large, or not our media type.
+FORM_STATUSES = frozenset({413, 415})
+
+
+def refuse_form(response: HttpResponse) -> HttpResponse:
+    """Mark `response` as a refusal of the request's form (malformed JSON, a body that
+    fails the endpoint's schema): decided before the endpoint began executing, so it
+    is not stored and the key stays free for the corrected request."""
+    setattr(response, FORM_REFUSED, True)
+    return response
+
+
 def _store(response: HttpResponse) -> bool:
-    """Is this response a business outcome a retry must see again?"""
-    return response.status_code < 500 and response.status_code != 429
+    """Is this response an outcome a retry must see again?
+
+    One rule for every endpoint: what was decided once the endpoint began executing
+    (2xx, business 4xx) is stored. A refusal of the request's form is not, nor what a
+    retry could change (5xx, 429).
+    """
+    status = response.status_code
+    if status >= 500 or status == 429 or status in FORM_STATUSES:
+        return False
+    return not getattr(response, FORM_REFUSED, False)
 
 
 def stored_response(
@@ -165,17 +195,16 @@ def _refuse_reuse(record: IdempotencyRecord, call: Call) -> IdempotencyKeyReused
     )
 
 
-def _advisory_lock(call: Call) -> bool:
-    """Without Redis, a PostgreSQL advisory lock (held until the transaction ends,
-    released by the server even if this process dies) stands in for the Redis lock.
-    SQLite needs none: `BEGIN IMMEDIATE` already serialises writers."""
-    if connection.vendor != "postgresql":
-        return True
+def _lock_id(call: Call) -> int:
+    """The key's PostgreSQL advisory lock: 64 bits of a hash of scope and key."""
     digest = hashlib.sha256(f"{call.scope}\x00{call.key}".encode()).digest()
-    lock_id = int.from_bytes(digest[:8], "big", signed=True)
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT pg_try_advisory_xact_lock(%s)", [lock_id])
-        return bool(cursor.fetchone()[0])
+    return int.from_bytes(digest[:8], "big", signed=True)
+
+
+def _locks() -> bool:
+    """Whether keys take an advisory lock. SQLite needs none: `BEGIN IMMEDIATE`
+    already serialises writers."""
+    return connection.vendor == "postgresql"
 
 
 def _new_record(call: Call, **values: Any) -> IdempotencyRecord:
@@ -195,20 +224,56 @@ def _new_record(call: Call, **values: Any) -> IdempotencyRecord:
 
 
 @cache
-def _lookup(vendor: str) -> str:
+def _lookup(vendor: str, *, lock: bool = False) -> str:
     """The key lookup of the hot path, built once per database vendor.
+
+    With `lock`, the same statement first tries the key's advisory lock (held until
+    the transaction ends, released by the server even if this process dies) and
+    answers whether it got it: the lock costs no round trip of its own.
 
     Plain SQL rather than an ORM query: compiling an ORM query costs more CPU than the
     round trip it makes, and this runs on every idempotent request.
     """
     quote = connection.ops.quote_name
     table = quote(IdempotencyRecord._meta.db_table)
-    return f"SELECT id FROM {table} WHERE scope = %s AND {quote('key')} = %s"  # noqa: S608
+    select = f"SELECT id FROM {table} WHERE scope = %s AND {quote('key')} = %s"  # noqa: S608
+    if not lock:
+        return select
+    return f"SELECT pg_try_advisory_xact_lock(%s), ({select})"
 
 
 def _insert(record: IdempotencyRecord) -> bool:
     """True if the record is ours; False if the key has one already (we lost)."""
     return insert_unless_exists(record, ("scope", "key"))
+
+
+def _try_lock(call: Call) -> bool:
+    """Take the key's advisory lock until the transaction ends, if nobody holds it."""
+    if not _locks():
+        return True
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_try_advisory_xact_lock(%s)", [_lock_id(call)])
+        return bool(cursor.fetchone()[0])
+
+
+def _lock_and_find(call: Call) -> tuple[bool, IdempotencyRecord | None]:
+    """Take the key's advisory lock and look its record up, in one statement.
+
+    (False, None) when another transaction holds the lock: a request with this key
+    is running (or storing its answer) right now. The lock is tried, not waited for:
+    the contract answers such a request with 409 at once, and a statement that waited
+    would still read with the snapshot it took before the wait, blind to the record
+    the holder committed meanwhile.
+    """
+    if not _locks():
+        return True, _existing(call)
+    with connection.cursor() as cursor:
+        sql = _lookup(connection.vendor, lock=True)
+        cursor.execute(sql, [_lock_id(call), call.scope, call.key])
+        locked, record_id = cursor.fetchone()
+    if not locked:
+        return False, None
+    return True, None if record_id is None else _load(record_id)
 
 
 def _existing(call: Call, *, for_update: bool = False) -> IdempotencyRecord | None:
@@ -219,7 +284,12 @@ def _existing(call: Call, *, for_update: bool = False) -> IdempotencyRecord | No
         row = cursor.fetchone()
     if row is None:
         return None
-    records = IdempotencyRecord.objects.filter(pk=row[0])
+    return _load(row[0], for_update=for_update)
+
+
+def _load(record_id: int, *, for_update: bool = False) -> IdempotencyRecord | None:
+    """The record, unless it has expired (then it is forgotten now)."""
+    records = IdempotencyRecord.objects.filter(pk=record_id)
     if for_update:
         records = records.select_for_update()
     record = records.first()
@@ -327,30 +397,70 @@ def execute(
 def _execute_atomic(
     call: Call, run: Run, fast: fastpath.FastPath, started: float
 ) -> tuple[HttpResponse, fastpath.StoredResponse | None]:
+    # Whatever Redis said, the key's advisory lock decides: a Redis lock can expire or
+    # vanish while its holder still runs, and the record is written only at the end.
+    held = False
     try:
         with transaction.atomic():
-            if not fast.locked and not _advisory_lock(call):
+            locked, record = _lock_and_find(call)
+            if not locked:
                 metrics.count("in_flight")
                 raise IdempotencyKeyInFlight()
             metrics.lock_wait.observe(time.perf_counter() - started)
-            record = _existing(call)
             if record is not None:
                 return _answer_existing(record, call), None
             response = run(None)
             if response.status_code >= 400:
-                # Undo whatever the view did; store the refusal afterwards.
+                # Undo whatever the view did; store the refusal afterwards, still
+                # holding the key if it is to be stored.
+                held = _store(response) and _hold(call)
                 raise _Discard(response)
             stored = stored_response(call.fingerprint, response)
             if not _insert(_finished_record(call, stored)):
-                # A duplicate that slipped past a lost Redis lock finished first: our
-                # effect rolls back with this transaction and we replay the winner's.
+                # A duplicate that got past the lock (it read before we committed)
+                # finished first: our effect rolls back and we replay the winner's.
                 raise _LostRace
     except _Discard as discarded:
-        return _store_refusal(call, discarded.response)
+        try:
+            return _store_refusal(call, discarded.response)
+        finally:
+            if held:
+                _unhold(call)
     except _LostRace:
         return _answer_winner(call), None
     metrics.count("executed")
     return response, stored
+
+
+def _hold(call: Call) -> bool:
+    """Keep the key locked past the rollback that undoes a refused request, until the
+    refusal is stored: a session-level advisory lock, taken while this transaction
+    still holds the key's lock (so it never waits). Refusals only: two statements.
+    False if the database refused it (a failed transaction; the key is then free for
+    that moment, and the unique constraint still lets one answer win)."""
+    if not _locks():
+        return False
+    rollback = transaction.get_rollback()
+    # A domain error marked the transaction for rollback; it can still take a lock.
+    transaction.set_rollback(False)
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_advisory_lock(%s)", [_lock_id(call)])
+    except DatabaseError:
+        return False
+    finally:
+        transaction.set_rollback(rollback)
+    return True
+
+
+def _unhold(call: Call) -> None:
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_advisory_unlock(%s)", [_lock_id(call)])
+    except DatabaseError:
+        # A persistent connection must not keep the key locked: the server frees a
+        # closed session's locks.
+        connection.close()
 
 
 class _LostRace(Exception):
@@ -394,6 +504,9 @@ def _claim(call: Call, started: float) -> Phases | HttpResponse:
     now = timezone.now()
     locked_until = now + _lease()
     with transaction.atomic():
+        if not _try_lock(call):  # an atomic request with this key is running
+            metrics.count("in_flight")
+            raise IdempotencyKeyInFlight()
         record = _new_record(call, status=Status.PROCESSING, locked_until=locked_until)
         if _insert(record):
             metrics.lock_wait.observe(time.perf_counter() - started)
@@ -469,7 +582,14 @@ def _execute_phased(
 
 
 def _release_lease(phases: Phases) -> None:
-    """End our lease now so a retry may resume at once, from the last recovery point."""
-    IdempotencyRecord.objects.filter(
+    """Free the key for a retry at once. A record that has committed nothing but
+    itself (still "started") is deleted: the key is free for any request, a corrected
+    one included. Past a recovery point, the record is the memory of what committed:
+    its lease ends now, so a retry with the same request resumes from there."""
+    ours = IdempotencyRecord.objects.filter(
         pk=phases.record_id, locked_until=phases.locked_until
-    ).update(locked_until=timezone.now())
+    )
+    if phases.recovery_point == "started":
+        ours.filter(recovery_point="started").delete()
+    else:
+        ours.update(locked_until=timezone.now())

@@ -1,8 +1,9 @@
 """The Redis fast path: a lock per key and a short-lived cache of finished responses.
 
 Redis is an optimisation, never the truth. It lets a burst of duplicates get 409 or a
-replay without touching the database; the database's unique constraint still decides
-who executes. Losing Redis (or its data) therefore costs speed, never correctness.
+replay without touching the database; the database (the key's advisory lock, its
+unique constraint) still decides who executes. Losing Redis (or its data, or a lock
+whose lease ran out) therefore costs speed, never correctness.
 
 Each request costs two round trips: a begin (replay from the cache, or take the lock,
 or report who holds it) and `finish` (cache the response, release our lock). The begin
@@ -15,6 +16,7 @@ import base64
 import contextlib
 import hashlib
 import json
+import logging
 import secrets
 from dataclasses import dataclass
 from functools import cache
@@ -24,6 +26,8 @@ import redis as redis_lib
 from redis.commands.core import Script
 
 from .redis import get_redis
+
+logger = logging.getLogger(__name__)
 
 # KEYS: lock, response. ARGV: token, lease ms.
 # Returns {1, cached} | {2} (we took the lock) | {3} (another request holds it).
@@ -35,29 +39,32 @@ return {3}
 """
 
 # KEYS: lock, response, credential. ARGV: token, response or '', cache ms, scope,
-# credential ms. Only the holder deletes the lock: one whose lease ran out must not
-# free a successor's. The lock goes first: a write that fails (Redis out of memory)
-# stops the script, and must not leave the key locked for a whole lease. A cache time
-# of 0 caches nothing. The credential entry lets `begin_for_credential` find this
-# caller's scope.
+# credential ms, revoked mark. Only the holder deletes the lock: one whose lease ran
+# out must not free a successor's. The lock goes first: a write that fails (Redis out
+# of memory) stops the script, and must not leave the key locked for a whole lease. A
+# cache time of 0 caches nothing. The credential entry lets `begin_for_credential`
+# find this caller's scope; a revoked credential's mark is never overwritten (the
+# request may have been authenticated before the revocation).
 _FINISH = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('DEL', KEYS[1]) end
 if ARGV[2] ~= '' and tonumber(ARGV[3]) > 0 then
   redis.call('SET', KEYS[2], ARGV[2], 'PX', ARGV[3])
 end
-if KEYS[3] ~= '' then redis.call('SET', KEYS[3], ARGV[4], 'PX', ARGV[5]) end
+if KEYS[3] ~= '' and redis.call('GET', KEYS[3]) ~= ARGV[6] then
+  redis.call('SET', KEYS[3], ARGV[4], 'PX', ARGV[5])
+end
 return 1
 """
 
-# KEYS: credential. ARGV: key hash, token, lease ms, lock prefix, response prefix.
-# `_BEGIN` for a caller known only by a digest of its credential. Returns {0} (unknown
-# caller) or `_BEGIN`'s answer with the caller's scope appended:
-# {1, cached, scope} | {2, scope} | {3, scope}.
+# KEYS: credential. ARGV: key hash, token, lease ms, lock prefix, response prefix,
+# revoked mark. `_BEGIN` for a caller known only by a digest of its credential.
+# Returns {0} (unknown or revoked caller) or `_BEGIN`'s answer with the caller's scope
+# appended: {1, cached, scope} | {2, scope} | {3, scope}.
 # (It names keys from the first key's value, which a Redis Cluster would refuse; this
 # project runs a single Redis, where one round trip is the point.)
 _BEGIN_FOR_CREDENTIAL = """
 local scope = redis.call('GET', KEYS[1])
-if not scope then return {0} end
+if not scope or scope == ARGV[6] then return {0} end
 local cached = redis.call('GET', ARGV[5] .. scope .. ':' .. ARGV[1])
 if cached then return {1, cached, scope} end
 local lock = ARGV[4] .. scope .. ':' .. ARGV[1]
@@ -65,9 +72,13 @@ if redis.call('SET', lock, ARGV[2], 'NX', 'PX', ARGV[3]) then return {2, scope} 
 return {3, scope}
 """
 
-# How long a credential → scope entry lives: the bound on how long a revoked API token
-# could still read replays of its own finished requests.
+# How long a credential → scope entry lives. Revoking a token replaces its entry at
+# once (`credential_revoke`); this bounds only a revocation Redis did not hear of.
 CREDENTIAL_MS = 60_000
+# What a revoked credential's entry holds instead of a scope (no scope looks like it),
+# and for how long: longer than any request the token sent before it was revoked.
+REVOKED, REVOKED_MS = "revoked", 86_400_000
+CREDENTIAL_PREFIX = "idem:cred:"
 
 
 @dataclass(frozen=True)
@@ -187,8 +198,8 @@ def begin_for_credential(credential: str, key: str, lease_ms: int) -> FastPath |
     _, _, begin_script = _scripts(client)
     try:
         reply: Any = begin_script(
-            keys=[f"idem:cred:{credential}"],
-            args=[digest, token, lease_ms, LOCK_PREFIX, RESPONSE_PREFIX],
+            keys=[f"{CREDENTIAL_PREFIX}{credential}"],
+            args=[digest, token, lease_ms, LOCK_PREFIX, RESPONSE_PREFIX, REVOKED],
         )
     except redis_lib.RedisError:
         return None
@@ -216,13 +227,30 @@ def finish(
     payload = stored.dumps() if stored else ""
     # On a Redis error the lock expires by itself; the database holds the response.
     _, finish_script, _ = _scripts(client)
-    credential_key = f"idem:cred:{credential}" if stored and credential else ""
+    credential_key = f"{CREDENTIAL_PREFIX}{credential}" if stored and credential else ""
     fast.locked = False
     with contextlib.suppress(redis_lib.RedisError):
         finish_script(
             keys=[fast.lock_key, fast.response_key, credential_key],
-            args=[fast.token, payload, cache_ms, scope, CREDENTIAL_MS],
+            args=[fast.token, payload, cache_ms, scope, CREDENTIAL_MS, REVOKED],
         )
+
+
+def credential_revoke(authorization: str) -> None:
+    """Forget an `Authorization` value at once: the replay shortcut no longer knows
+    it, and a request it sent before (still running) cannot teach it again.
+
+    Best effort: with Redis unreachable, the entry it could not replace lives at most
+    `CREDENTIAL_MS`.
+    """
+    client = get_redis()
+    credential = credential_digest(authorization)
+    if client is None or not credential:
+        return
+    try:
+        client.set(f"{CREDENTIAL_PREFIX}{credential}", REVOKED, px=REVOKED_MS)
+    except redis_lib.RedisError:
+        logger.warning("could not revoke a credential in Redis", exc_info=True)
 
 
 def release(fast: FastPath) -> None:

@@ -119,6 +119,12 @@ class OrderDetailApi(APIView):
 
 
 class OrderCancelApi(APIView):
+    class InputSerializer(StrictInputSerializer):
+        """No fields: an empty body or `{}`; anything else is refused for its form."""
+
+        class Meta:
+            ref_name = "OrderCancelInput"
+
     @extend_schema(
         request=None,
         responses={200: OrderOutputSerializer},
@@ -126,6 +132,7 @@ class OrderCancelApi(APIView):
     )
     @idempotent("orders.cancel")
     def post(self, request: Request, merchant_order_no: str) -> Response:
+        self.InputSerializer(data=request.data).is_valid(raise_exception=True)
         order = order_get(
             owner=authenticated(request), merchant_order_no=merchant_order_no
         )

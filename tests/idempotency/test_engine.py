@@ -117,11 +117,34 @@ def test_a_business_refusal_is_stored_and_its_effects_undone(alice, key, both_pa
     assert IdempotencyRecord.objects.get(key=key).status == "failed"
 
 
-def test_invalid_input_is_a_stored_400(alice, key):
-    first = alice.post(DEPOSITS, {"amount": "lots"}, key)
+@pytest.mark.parametrize("body", [{"amount": "lots"}, '{"amount": '])
+def test_invalid_input_is_not_stored_and_frees_the_key(alice, key, both_paths, body):
+    # Refused for its form, before the endpoint began executing: the corrected
+    # request may use the key.
+    first = alice.post(DEPOSITS, body, key)
+    assert first.status_code == 400
+    assert "Idempotent-Replayed" not in alice.post(DEPOSITS, body, key)
+    assert not IdempotencyRecord.objects.filter(key=key).exists()
+    corrected = alice.post(DEPOSITS, {"amount": 5}, key)
+    assert corrected.status_code == 201 and "Idempotent-Replayed" not in corrected
+    assert alice.deposits() == 1
+
+
+def test_invalid_input_to_a_phased_endpoint_frees_the_key(alice, key, both_paths):
+    # Its `processing` record was committed before the view refused the body.
+    first = alice.post("/test/phased-deposits", {"amount": "lots"}, key)
     assert_problem(first, 400, "validation_error")
-    again = alice.post(DEPOSITS, {"amount": "lots"}, key)
-    assert again["Idempotent-Replayed"] == "true"
+    assert not IdempotencyRecord.objects.filter(key=key).exists()
+    corrected = alice.post("/test/phased-deposits", {"amount": 5}, key)
+    assert corrected.status_code == 201 and "Idempotent-Replayed" not in corrected
+    assert alice.deposits() == 1
+
+
+def test_a_413_is_not_stored(alice, key):
+    too_large = alice.post(DEPOSITS, {"amount": 5, "fail": "too_large"}, key)
+    assert too_large.status_code == 413
+    assert not IdempotencyRecord.objects.filter(key=key).exists()
+    assert alice.deposits() == 0
 
 
 def test_a_crash_is_not_stored_and_the_retry_runs_again(alice, key, both_paths):
@@ -265,12 +288,14 @@ def test_without_a_replay_cache_a_retry_replays_at_once(alice, key, settings):
     assert alice.deposits() == 1
 
 
-@pytest.mark.parametrize("action", ["pay", "cancel"])
-def test_a_refusal_on_a_very_long_path_is_stored(alice, key, action):
+@pytest.mark.parametrize(
+    ("action", "body"), [("pay", {"method": "balance"}), ("cancel", {})]
+)
+def test_a_refusal_on_a_very_long_path_is_stored(alice, key, action, body):
     path = f"/api/v1/orders/{'A' * 600}/{action}"
-    first = alice.post(path, {"method": "balance"}, key)
+    first = alice.post(path, body, key)
     assert_problem(first, 404, "not_found")
-    again = alice.post(path, {"method": "balance"}, key)
+    again = alice.post(path, body, key)
     assert again.content == first.content and again["Idempotent-Replayed"] == "true"
 
 

@@ -26,7 +26,8 @@ class DepositInput(serializers.Serializer):
     amount = serializers.IntegerField(min_value=1)
     sleep = serializers.FloatField(required=False, default=0)
     fail = serializers.ChoiceField(  # type: ignore[assignment]  # a field, not .fail()
-        choices=["refuse", "crash", "crash_once", "throttle"], required=False
+        choices=["refuse", "crash", "crash_once", "throttle", "too_large"],
+        required=False,
     )
 
 
@@ -62,6 +63,8 @@ class DepositApi(APIView):
             raise RuntimeError("the view crashed")
         if fail == "throttle":
             return Response({"detail": "slow down"}, status=429)
+        if fail == "too_large":  # as a body-size limit would answer
+            return Response({"detail": "too large"}, status=413)
         return _created(entry, data.validated_data["amount"])
 
 
