@@ -33,6 +33,7 @@ from .exceptions import IdempotencyKeyInvalid, IdempotencyKeyMissing
 from .fastpath import credential_digest
 from .fingerprint import fingerprint, key_is_valid
 from .middleware import FAST_PATH
+from .waiting import preferred_wait
 
 HEADER = "Idempotency-Key"
 # Refusals of the request's form (its JSON, its media type, its schema): decided before
@@ -106,7 +107,8 @@ def idempotent(
             if call is None:
                 return run(None)
             taken = getattr(request._request, FAST_PATH, None)
-            return execute(call, run, phased=phased, taken=taken)
+            wait = preferred_wait(request.headers.get("Prefer"))
+            return execute(call, run, phased=phased, taken=taken, wait=wait)
 
         # Read by the OpenAPI schema (ledger.openapi) to document the header.
         wrapper.idempotency = {  # type: ignore[attr-defined]

@@ -12,12 +12,11 @@ is usually made by the replay middleware, before Django authenticates the caller
 not know yet pays for the engine's own `begin`.
 """
 
-import base64
 import contextlib
 import hashlib
-import json
 import logging
 import secrets
+import time
 from dataclasses import dataclass
 from functools import cache
 from typing import Any
@@ -26,6 +25,7 @@ import redis as redis_lib
 from redis.commands.core import Script
 
 from .redis import get_redis
+from .responses import StoredResponse
 
 logger = logging.getLogger(__name__)
 
@@ -39,12 +39,14 @@ return {3}
 """
 
 # KEYS: lock, response, credential. ARGV: token, response or '', cache ms, scope,
-# credential ms, revoked mark. Only the holder deletes the lock: one whose lease ran
-# out must not free a successor's. The lock goes first: a write that fails (Redis out
-# of memory) stops the script, and must not leave the key locked for a whole lease. A
-# cache time of 0 caches nothing. The credential entry lets `begin_for_credential`
-# find this caller's scope; a revoked credential's mark is never overwritten (the
-# request may have been authenticated before the revocation).
+# credential ms, revoked mark, done channel. Only the holder deletes the lock: one
+# whose lease ran out must not free a successor's. The lock goes first: a write that
+# fails (Redis out of memory) stops the script, and must not leave the key locked for
+# a whole lease. A cache time of 0 caches nothing. The credential entry lets
+# `begin_for_credential` find this caller's scope; a revoked credential's mark is
+# never overwritten (the request may have been authenticated before the revocation).
+# Last, the finish is announced on the key's channel to anyone waiting (`Prefer:
+# wait`); with no subscriber that costs nothing.
 _FINISH = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('DEL', KEYS[1]) end
 if ARGV[2] ~= '' and tonumber(ARGV[3]) > 0 then
@@ -53,6 +55,7 @@ end
 if KEYS[3] ~= '' and redis.call('GET', KEYS[3]) ~= ARGV[6] then
   redis.call('SET', KEYS[3], ARGV[4], 'PX', ARGV[5])
 end
+redis.call('PUBLISH', ARGV[7], '1')
 return 1
 """
 
@@ -79,29 +82,6 @@ CREDENTIAL_MS = 60_000
 # and for how long: longer than any request the token sent before it was revoked.
 REVOKED, REVOKED_MS = "revoked", 86_400_000
 CREDENTIAL_PREFIX = "idem:cred:"
-
-
-@dataclass(frozen=True)
-class StoredResponse:
-    fingerprint: str
-    status: int
-    headers: dict[str, str]
-    body: bytes
-
-    def dumps(self) -> str:
-        return json.dumps(
-            {
-                "f": self.fingerprint,
-                "s": self.status,
-                "h": self.headers,
-                "b": base64.b64encode(self.body).decode(),
-            }
-        )
-
-    @classmethod
-    def loads(cls, raw: bytes) -> "StoredResponse":
-        data = json.loads(raw)
-        return cls(data["f"], data["s"], data["h"], base64.b64decode(data["b"]))
 
 
 @dataclass
@@ -133,6 +113,8 @@ def _scripts(client: redis_lib.Redis) -> tuple[Script, Script, Script]:
 
 
 LOCK_PREFIX, RESPONSE_PREFIX = "idem:lock:", "idem:resp:"
+# A request that finishes publishes on its key's channel, for `Prefer: wait`.
+DONE_PREFIX = "idem:done:"
 
 
 def _key_hash(key: str) -> str:
@@ -232,8 +214,43 @@ def finish(
     with contextlib.suppress(redis_lib.RedisError):
         finish_script(
             keys=[fast.lock_key, fast.response_key, credential_key],
-            args=[fast.token, payload, cache_ms, scope, CREDENTIAL_MS, REVOKED],
+            args=[
+                fast.token,
+                payload,
+                cache_ms,
+                scope,
+                CREDENTIAL_MS,
+                REVOKED,
+                _done_channel(fast.scope, fast.key),
+            ],
         )
+
+
+def _done_channel(scope: str, key: str) -> str:
+    return f"{DONE_PREFIX}{scope}:{_key_hash(key)}"
+
+
+def wait_for_finish(scope: str, key: str, seconds: float) -> bool:
+    """Sleep until the request holding the key's Redis lock finishes (its `finish`
+    publishes on the key's channel) or `seconds` pass; True if Redis did the waiting.
+    False when there is no Redis, it fails, or it holds no lock for the key (lost, or
+    never taken): the caller then waits on the database."""
+    client = get_redis()
+    if client is None or seconds <= 0:
+        return False
+    deadline = time.monotonic() + seconds
+    try:
+        with client.pubsub(ignore_subscribe_messages=True) as pubsub:
+            pubsub.subscribe(_done_channel(scope, key))
+            # Subscribed first, then looked: a finish in between is not missed.
+            if not client.exists(f"{LOCK_PREFIX}{scope}:{_key_hash(key)}"):
+                return False
+            while (left := deadline - time.monotonic()) > 0:
+                if pubsub.get_message(timeout=left) is not None:
+                    break
+    except redis_lib.RedisError:
+        return False
+    return True
 
 
 def credential_revoke(authorization: str) -> None:

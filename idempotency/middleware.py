@@ -28,8 +28,8 @@ from django.conf import settings
 from django.http import HttpRequest, HttpResponse
 
 from . import fastpath
-from .engine import replay
 from .fingerprint import fingerprint, key_is_valid
+from .responses import replay
 
 MUTATING = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 # The request attribute that carries a lock taken here to the engine.

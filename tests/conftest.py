@@ -36,6 +36,28 @@ def run_in_threads(count: int, work: Callable[[int], Any]) -> list[Any]:
     return results
 
 
+class Background(threading.Thread):
+    """`work()` in a thread with its own database connection; `.result` after join."""
+
+    def __init__(self, work: Callable[[], Any]) -> None:
+        super().__init__()
+        self.work = work
+        self.result: Any = None
+
+    def run(self) -> None:
+        try:
+            self.result = self.work()
+        except Exception as exc:
+            self.result = exc
+        finally:
+            connections.close_all()
+
+    def outcome(self) -> Any:
+        self.join(timeout=60)
+        assert not self.is_alive(), "the request hung"
+        return self.result
+
+
 @pytest.fixture
 def on_postgres() -> None:
     if connection.vendor != "postgresql":

@@ -9,13 +9,12 @@ executes, A pays X, and every retry of B is refused as a reuse of A's key.
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
 
 import psycopg
 import pytest
-from django.db import connection, connections
+from django.db import connection
 from rest_framework.test import APIClient
 
 from idempotency import engine
@@ -23,6 +22,7 @@ from idempotency.redis import get_redis
 from ledger.services import merchant_account
 from orders.models import Order
 from payments.models import Payment
+from tests.conftest import Background
 from tests.orders.helpers import assert_problem, customer, new_key, place_order
 from tests.servers import free_port, redis_command, stop, wait_for_port
 
@@ -31,28 +31,6 @@ pytestmark = [
     pytest.mark.urls("tests.idempotency.urls"),
     pytest.mark.usefixtures("on_postgres"),
 ]
-
-
-class Background(threading.Thread):
-    """`work()` in a thread with its own database connection; `.result` after join."""
-
-    def __init__(self, work: Callable[[], Any]) -> None:
-        super().__init__()
-        self.work = work
-        self.result: Any = None
-
-    def run(self) -> None:
-        try:
-            self.result = self.work()
-        except Exception as exc:
-            self.result = exc
-        finally:
-            connections.close_all()
-
-    def outcome(self) -> Any:
-        self.join(timeout=60)
-        assert not self.is_alive(), "the request hung"
-        return self.result
 
 
 class OwnRedis:

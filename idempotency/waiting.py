@@ -1,0 +1,41 @@
+"""`Prefer: wait=N`: wait for the request that holds a key to finish, instead of 409.
+
+With Redis the waiter sleeps on a notification: it subscribes to the key's channel,
+which the holder's finish publishes on (`fastpath.finish`), so nobody polls. Without
+Redis (or when Redis has no lock for the key: it was lost) the wait is on the
+database, bounded by the deadline: first on the key's advisory lock, which an atomic
+request holds until it commits, then on the record of a phased one.
+"""
+
+import time
+
+from . import fastpath, records
+from .records import Call
+
+POLL_SECONDS = 0.1  # only without Redis, for a phased request's record
+
+
+def until_finished(call: Call, seconds: float) -> None:
+    """Return once the key's request has finished, or `seconds` have passed."""
+    deadline = time.monotonic() + seconds
+    if fastpath.wait_for_finish(call.scope, call.key, seconds):
+        return
+    records.wait_for_lock(call, deadline - time.monotonic())
+    while (left := deadline - time.monotonic()) > 0:
+        record = records.find(call)
+        if record is None or record.finished:
+            return
+        time.sleep(min(POLL_SECONDS, left))
+
+
+def preferred_wait(prefer: str | None) -> int:
+    """The seconds a `Prefer` header asks to wait (RFC 7240 `wait=N`), 1..10: a
+    larger value counts as 10, anything but a positive integer as no preference."""
+    for preference in (prefer or "").split(","):
+        name, _, value = preference.strip().partition("=")
+        if name.strip().lower() == "wait":
+            value = value.strip().strip('"')
+            if value.isdigit() and int(value) > 0:
+                return min(int(value), 10)
+            return 0
+    return 0

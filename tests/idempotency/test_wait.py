@@ -1,0 +1,135 @@
+"""`Prefer: wait=N`: a duplicate waits for the first request and gets its answer.
+
+Real threads on the real database: A runs slowly with key K; B sends the same request
+with K and `Prefer: wait=N`. Instead of 409, B gets A's stored answer, replayed, once A
+finishes; with Redis it is woken by A's finish (a notification), without Redis it
+waits on the database. Still in flight at the deadline: the 409 after all.
+"""
+
+import time
+
+import pytest
+from django.db import connection
+
+from idempotency.models import IdempotencyRecord
+from idempotency.waiting import preferred_wait
+from tests.conftest import Background
+
+pytestmark = [
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.urls("tests.idempotency.urls"),
+    pytest.mark.usefixtures("on_postgres"),
+]
+
+
+def post(customer, path, body, key, prefer=None):
+    client = customer.client()
+    if prefer:
+        client.credentials(
+            HTTP_AUTHORIZATION=f"Token {customer.token}", HTTP_PREFER=prefer
+        )
+    return customer.post(path, body, key, client=client)
+
+
+def started(key: str) -> None:
+    """Wait until A holds the key: its phased record is committed, or (atomic mode)
+    another session holds an advisory lock."""
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        if IdempotencyRecord.objects.filter(key=key).exists():
+            return
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'"
+                " AND pid <> pg_backend_pid()"
+            )
+            if cursor.fetchone()[0]:
+                return
+        time.sleep(0.02)
+    raise AssertionError("the first request never took the key")
+
+
+@pytest.fixture(params=["redis", "database"])
+def store(request, settings):
+    if request.param == "redis" and not settings.REDIS_URL:
+        pytest.skip("needs Redis (the embedded SQLite mode runs without it)")
+    if request.param == "database":
+        settings.REDIS_URL = ""
+    return request.param
+
+
+@pytest.mark.parametrize("path", ["/test/deposits", "/test/phased-deposits"])
+def test_a_duplicate_waits_and_gets_the_first_answer(store, alice, key, path):
+    body = {"amount": 5, "sleep": 1.5}
+    first = Background(lambda: post(alice, path, body, key))
+    first.start()
+    started(key)
+    began = time.monotonic()
+    second = post(alice, path, body, key, prefer="wait=8")
+    waited = time.monotonic() - began
+    a = first.outcome()
+    assert a.status_code == 201, a.content
+    assert second.status_code == 201, second.content
+    assert second.content == a.content
+    assert second["Idempotent-Replayed"] == "true"
+    assert second["Preference-Applied"] == "wait=8"
+    assert waited < 6, waited  # woken when A finished, not at the deadline
+    assert alice.deposits() == 1
+
+
+def test_still_in_flight_at_the_deadline_is_409(store, alice, key):
+    body = {"amount": 5, "sleep": 3}
+    first = Background(lambda: post(alice, "/test/deposits", body, key))
+    first.start()
+    started(key)
+    began = time.monotonic()
+    second = post(alice, "/test/deposits", body, key, prefer="wait=1")
+    assert time.monotonic() - began >= 0.9
+    assert second.status_code == 409
+    assert second.json()["code"] == "idempotency_key_in_flight"
+    assert first.outcome().status_code == 201
+    assert alice.deposits() == 1
+
+
+def test_without_a_preference_a_duplicate_is_409_at_once(store, alice, key):
+    body = {"amount": 5, "sleep": 5}
+    first = Background(lambda: post(alice, "/test/deposits", body, key))
+    first.start()
+    started(key)
+    for prefer in (None, "wait=0", "wait=abc", "wait=-3", "respond-async"):
+        began = time.monotonic()
+        answer = post(alice, "/test/deposits", body, key, prefer=prefer)
+        assert answer.status_code == 409, (prefer, answer.content)
+        assert time.monotonic() - began < 2  # not waited (a busy machine is slow)
+    assert first.outcome().status_code == 201
+    assert alice.deposits() == 1
+
+
+def test_a_different_request_under_a_waited_key_is_still_422(store, alice, key):
+    first = Background(
+        lambda: post(alice, "/test/deposits", {"amount": 5, "sleep": 1}, key)
+    )
+    first.start()
+    started(key)
+    other = post(alice, "/test/deposits", {"amount": 6}, key, prefer="wait=5")
+    assert other.status_code == 422
+    assert first.outcome().status_code == 201
+    assert alice.deposits() == 1
+
+
+@pytest.mark.parametrize(
+    ("header", "seconds"),
+    [
+        ("wait=3", 3),
+        ("respond-async, wait=10", 10),
+        ("wait=600", 10),
+        ('wait="4"', 4),
+        ("wait=0", 0),
+        ("wait=1.5", 0),
+        ("wait=", 0),
+        ("handling=lenient", 0),
+        (None, 0),
+    ],
+)
+def test_the_preference_is_read_as_the_contract_says(header, seconds):
+    assert preferred_wait(header) == seconds
