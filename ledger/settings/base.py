@@ -227,6 +227,10 @@ CELERY_BEAT_SCHEDULE = {
         "task": "idempotency.tasks.release_stuck_keys",
         "schedule": 60.0,
     },
+    "idempotency-complete-stuck": {
+        "task": "idempotency.tasks.complete_stuck_keys",
+        "schedule": 60.0,
+    },
     "ledger-check-invariants": {
         "task": "ledger.tasks.check_invariants",
         "schedule": 600.0,

@@ -11,6 +11,8 @@ import httpx
 import pytest
 from django.db import connection
 
+import tests.idempotency.views  # noqa: F401 - registers the test resumer
+from idempotency.completer import complete_stuck
 from idempotency.models import IdempotencyRecord
 from tests.servers import children, gunicorn
 
@@ -137,4 +139,33 @@ def test_killed_inside_an_atomic_request_leaves_nothing_and_reruns_once(server, 
     assert not IdempotencyRecord.objects.filter(key="k2").exists()
     response, _ = retry_until_done(url, "/test/deposits", alice.token, "k2", body)
     assert response.status_code == 201
+    assert alice.deposits() == 1
+
+
+def test_a_request_whose_client_never_returns_is_completed_by_beat(server, alice):
+    url, master = server
+    body = {"amount": 5, "sleep": 30}
+    thread = send_in_background(url, "/test/phased-deposits", alice.token, "k3", body)
+    wait_for(
+        lambda: IdempotencyRecord.objects.filter(
+            key="k3", recovery_point="deposited"
+        ).exists()
+    )
+    kill_worker(master)  # the agent dies too: nobody will retry
+    thread.join(timeout=30)
+    record = IdempotencyRecord.objects.get(key="k3")
+    assert record.status == "processing"
+    assert complete_stuck() == 0  # its lease has not passed yet
+    time.sleep(LEASE + 0.5)
+    assert complete_stuck() == 1  # beat's task, once the lease passed
+    assert complete_stuck() == 0  # and only once
+    record.refresh_from_db()
+    assert (record.status, record.recovery_point) == ("succeeded", "finished")
+    assert record.recovery_data["resumed"] is True
+    assert alice.deposits() == 1
+    # The client, back at last, gets what the completer stored.
+    again = post(url, "/test/phased-deposits", alice.token, "k3", body)
+    assert again.status_code == 201
+    assert again.headers["Idempotent-Replayed"] == "true"
+    assert again.json()["entry_id"] == record.recovery_data["entry_id"]
     assert alice.deposits() == 1
