@@ -14,6 +14,7 @@
 # is built once and again only when its recipe changes. Progress goes to stderr; stdout
 # is only the `NAME=image` lines compose reads (PYTHON_IMAGE, POSTGRES_IMAGE, ...).
 set -euo pipefail
+export PATH="$PATH:/usr/sbin:/sbin"  # debootstrap's home, missing from some PATHs
 here="$(cd "$(dirname "$0")" && pwd)"
 base=ledger-local/debian:bookworm
 

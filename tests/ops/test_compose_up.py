@@ -66,7 +66,8 @@ def compose_command() -> list[str]:
 
 def base_images() -> dict[str, str]:
     given = {name: os.environ[name] for name in IMAGE_VARIABLES if name in os.environ}
-    if given or shutil.which("debootstrap") is None:
+    sbin = f"{os.environ.get('PATH', '')}:/usr/sbin:/sbin"
+    if given or shutil.which("debootstrap", path=sbin) is None:
         return given  # the rest: the compose file's public defaults
     started = time.monotonic()
     built = subprocess.run(
