@@ -44,6 +44,16 @@ test: install-dev lint
 	LEDGER_TEST_DB=sqlite $(BIN)/pytest tests/ledger tests/idempotency/test_engine.py \
 		tests/idempotency/test_concurrency.py tests/idempotency/test_housekeeping.py
 
+# The compose stack for real (tests/ops/test_compose_up.py, which `make test` runs too):
+# builds the images (base images from Debian's packages where debootstrap is installed,
+# deploy/local-images/build.sh), `docker compose up` with a .env made from .env.example,
+# a journey through nginx on 127.0.0.1:8080, then `docker compose down -v`. Needs a
+# running docker engine and port 8080 free (fails, never skips, without them); not the
+# host's PostgreSQL or Redis (REDIS_URL= keeps the test fixtures off Redis).
+.PHONY: compose-test
+compose-test: install-dev
+	LEDGER_COMPOSE_TEST=required REDIS_URL= $(BIN)/pytest -v -rA tests/ops/test_compose_up.py
+
 # The layer with and without, against the naive design and django-idempotency-key, and
 # beside the floor (the round trips the design cannot do without); prints figures;
 # needs PostgreSQL and Redis on 127.0.0.1 (not part of `make test`).

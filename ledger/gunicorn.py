@@ -14,4 +14,6 @@ def child_exit(server: Any, worker: Any) -> None:
     if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
         from prometheus_client import multiprocess
 
-        multiprocess.mark_process_dead(worker.pid)
+        from ledger import metrics_process_id
+
+        multiprocess.mark_process_dead(metrics_process_id(worker.pid))

@@ -82,7 +82,9 @@ def _pool_process_exited(pid: int | None = None, **_: Any) -> None:
     if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
         from prometheus_client import multiprocess
 
-        multiprocess.mark_process_dead(pid or os.getpid())
+        from ledger import metrics_process_id
+
+        multiprocess.mark_process_dead(metrics_process_id(pid))
 
 
 @signals.task_prerun.connect
