@@ -1,9 +1,10 @@
 """Payments of orders.
 
 A payment is `pending` until the money has moved, then `succeeded` (or `failed`);
-a refund moves a succeeded payment to `refunded`. A partial unique index allows at most
-one succeeded payment per order: whatever path tries to settle an order a second time
-stops at the database.
+a refund moves a succeeded payment to `refunded`. A pending provider payment whose
+order was paid another way is `cancelled` once its charge is cancelled at the
+provider. A partial unique index allows at most one succeeded payment per order:
+whatever path tries to settle an order a second time stops at the database.
 """
 
 from django.db import models
@@ -21,6 +22,7 @@ class Payment(ConcurrentTransitionMixin, models.Model):
         SUCCEEDED = "succeeded", _("Succeeded")
         FAILED = "failed", _("Failed")
         REFUNDED = "refunded", _("Refunded")
+        CANCELLED = "cancelled", _("Cancelled")
 
     class Method(models.TextChoices):
         BALANCE = "balance", _("Wallet balance")
@@ -75,15 +77,23 @@ class Payment(ConcurrentTransitionMixin, models.Model):
 
     # Transitions only declare the legal edges; services save them.
     # A provider may report success after reporting failure (the payer retried on
-    # the pay page); the money arrived, so the payment succeeds.
+    # the pay page), or after we cancelled (the payer confirmed before the cancel
+    # reached the provider); the money arrived, so the payment succeeds (and is
+    # refunded at once if the order no longer takes it).
     @transition(
-        field=status, source=[Status.PENDING, Status.FAILED], target=Status.SUCCEEDED
+        field=status,
+        source=[Status.PENDING, Status.FAILED, Status.CANCELLED],
+        target=Status.SUCCEEDED,
     )
     def succeed(self) -> None:
         pass
 
     @transition(field=status, source=Status.PENDING, target=Status.FAILED)
     def fail(self) -> None:
+        pass
+
+    @transition(field=status, source=Status.PENDING, target=Status.CANCELLED)
+    def cancel(self) -> None:
         pass
 
     @transition(field=status, source=Status.SUCCEEDED, target=Status.REFUNDED)

@@ -9,6 +9,7 @@ from datetime import timedelta
 from typing import Any
 
 from django.db import IntegrityError, transaction
+from django.db.models import QuerySet
 from django.utils import timezone
 
 from idempotency.sql import insert_unless_exists
@@ -29,6 +30,7 @@ from .exceptions import (
     OrderNotPayable,
     PaymentMethodUnavailable,
     PaymentNotRefundable,
+    ProviderRefused,
 )
 from .models import Payment, ProviderEvent, Refund, Shipment
 
@@ -77,8 +79,12 @@ def payment_pay_with_balance(*, order_id: int) -> Payment:
     stops a second debit even if every check above were bypassed), mark the payment
     succeeded (a partial unique index allows one success per order) and move the order
     to `paid` with `WHERE status < paid`. Not enough money raises `InsufficientFunds`
-    and the whole transaction, payment row included, rolls back.
+    and the whole transaction, payment row included, rolls back. If the order also
+    has a pending provider payment, its charge is cancelled at the provider by a task
+    sent after commit (`payment_cancel_open_charges`), so the shopper cannot pay twice.
     """
+    from .tasks import payment_cancel_open_charges_task
+
     with transaction.atomic():
         order = Order.objects.select_for_update().get(pk=order_id)
         if order.status in PAID_STATES:
@@ -108,7 +114,17 @@ def payment_pay_with_balance(*, order_id: int) -> Payment:
         )
         if not order_mark_paid(order_id=order.pk):  # pragma: no cover - row is locked
             raise OrderAlreadyPaid()
+        if _pending_provider_payments(order.pk).exists():
+            enqueue_on_commit(payment_cancel_open_charges_task, order.pk)
     return payment
+
+
+def _pending_provider_payments(order_id: int) -> QuerySet[Payment]:
+    return Payment.objects.filter(
+        order_id=order_id,
+        method=Payment.Method.PROVIDER,
+        status=Payment.Status.PENDING,
+    )
 
 
 def payment_create(*, order_id: int, method: str) -> Payment:
@@ -137,11 +153,7 @@ def payment_provider_start(*, order_id: int) -> Payment:
             raise OrderAlreadyPaid()
         if order.status == Order.Status.CANCELLED:
             raise OrderNotPayable()
-        pending = Payment.objects.filter(
-            order=order,
-            method=Payment.Method.PROVIDER,
-            status=Payment.Status.PENDING,
-        ).first()
+        pending = _pending_provider_payments(order.pk).first()
         if pending is not None:
             return pending
         return Payment.objects.create(
@@ -156,11 +168,21 @@ def payment_record_charge(
     *, payment_id: int, provider_txn_id: str, pay_url: str
 ) -> Payment:
     """Record the provider's transaction and pay page on the payment (once: a
-    recorded transaction is never overwritten)."""
+    recorded transaction is never overwritten).
+
+    The payment may have been cancelled while its pay request talked to the
+    provider (the order was paid another way, and the cancel found no charge yet):
+    the charge just opened is then cancelled too, by a task sent after commit.
+    """
+    from .tasks import payment_cancel_open_charges_task
+
     Payment.objects.filter(pk=payment_id, provider_txn_id="").update(
         provider_txn_id=provider_txn_id, pay_url=pay_url, updated_at=timezone.now()
     )
-    return Payment.objects.get(pk=payment_id)
+    payment = Payment.objects.get(pk=payment_id)
+    if payment.status == Payment.Status.CANCELLED:
+        enqueue_on_commit(payment_cancel_open_charges_task, payment.order_id)
+    return payment
 
 
 def refund_reference(payment: Payment) -> str:
@@ -285,14 +307,72 @@ def payment_settle(*, payment_id: int, provider_txn_id: str) -> Payment:
     return payment
 
 
-def payment_fail(*, payment_id: int) -> Payment:
-    """Mark a pending payment failed (the provider said so); anything else stays."""
+def _close_pending(payment_id: int, edge: str) -> Payment:
+    """Take `edge` out of `pending` under the locks; anything else stays (the
+    save is conditional on the status read: ConcurrentTransitionMixin)."""
     with transaction.atomic():
         _, payment = _lock(payment_id)
         if payment.status == Payment.Status.PENDING:
-            payment.fail()
+            getattr(payment, edge)()
             payment.save()
     return payment
+
+
+def payment_fail(*, payment_id: int) -> Payment:
+    """Mark a pending payment failed (the provider said so); anything else stays."""
+    return _close_pending(payment_id, "fail")
+
+
+def payment_cancel(*, payment_id: int) -> Payment:
+    """Mark a pending provider payment cancelled (its charge was cancelled at the
+    provider, or never reached it); anything else stays."""
+    return _close_pending(payment_id, "cancel")
+
+
+def payment_cancel_open_charges(*, order_id: int) -> list[Payment]:
+    """Cancel the open provider charge of an order that no longer takes money, and
+    mark its pending provider payments cancelled; return the payments it closed.
+
+    Sent after an order is paid another way, and used by the re-drive. Never inside
+    a transaction (the provider call), and every step is safe to repeat, so a task
+    that crashed mid-way simply runs again: the provider's cancel is idempotent,
+    our mark is a conditional update of a pending payment. A charge the payer
+    confirmed before the cancel reached the provider cannot be cancelled: it is
+    settled from the provider's answer, and `payment_settle` refunds it because
+    the order no longer takes the money (as its own callback would, once).
+    """
+    from .provider_client import provider_charge_cancel, provider_charge_get
+
+    order = Order.objects.get(pk=order_id)
+    if order.status == Order.Status.PENDING_PAYMENT:
+        return []  # it may still be paid through the provider
+    # Cancelled ones too: a charge opened after we cancelled (see
+    # `payment_record_charge`) is cancelled at the provider all the same.
+    payments = list(
+        Payment.objects.filter(
+            order_id=order_id,
+            method=Payment.Method.PROVIDER,
+            status__in=[Payment.Status.PENDING, Payment.Status.CANCELLED],
+        ).order_by("-pk")
+    )
+    if not payments:
+        return []
+    try:
+        charge = provider_charge_cancel(merchant_order_no=order.merchant_order_no)
+    except ProviderRefused:
+        charge = provider_charge_get(merchant_order_no=order.merchant_order_no)
+        if charge is None or charge.status != "SUCCESS":
+            raise
+    if charge is not None and charge.status == "SUCCESS":
+        latest = payments[0]
+        if charge.amount != latest.amount:  # pragma: no cover - the provider dedupes
+            return []
+        return [payment_settle(payment_id=latest.pk, provider_txn_id=charge.txn_id)]
+    return [
+        payment_cancel(payment_id=p.pk)
+        for p in payments
+        if p.status == Payment.Status.PENDING
+    ]
 
 
 def shipment_create(*, order_id: int) -> Shipment | None:
@@ -412,16 +492,23 @@ def payment_redrive(*, payment_id: int) -> Payment:
     Never inside a transaction (the client refuses): the answer then goes through
     the same idempotent services a callback uses, so a callback arriving at the same
     moment settles it once. The provider has no charge: the pay request never got
-    that far, so the payment fails and the order may be paid again.
+    that far, so the payment fails and the order may be paid again. An order that
+    no longer takes money (paid another way, cancelled) has its charge cancelled
+    instead of waited on.
     """
     from .provider_client import provider_charge_get
 
     payment = Payment.objects.select_related("order").get(pk=payment_id)
     if payment.status != Payment.Status.PENDING:
         return payment
+    if payment.order.status != Order.Status.PENDING_PAYMENT:
+        payment_cancel_open_charges(order_id=payment.order_id)
+        return Payment.objects.get(pk=payment.pk)
     charge = provider_charge_get(merchant_order_no=payment.order.merchant_order_no)
     if charge is None or charge.status == "FAILED":
         return payment_fail(payment_id=payment.pk)
+    if charge.status == "CANCELLED":
+        return payment_cancel(payment_id=payment.pk)
     if charge.status == "SUCCESS" and charge.amount == payment.amount:
         return payment_settle(payment_id=payment.pk, provider_txn_id=charge.txn_id)
     return payment

@@ -22,6 +22,11 @@ RETRY: dict[str, Any] = {
     "retry_backoff_max": 600,
     "retry_jitter": True,
 }
+# Tasks that call the provider also retry while it does not answer.
+RETRY_PROVIDER: dict[str, Any] = {
+    **RETRY,
+    "autoretry_for": (*RETRY["autoretry_for"], ProviderUnavailable),
+}
 
 
 @shared_task(**RETRY)
@@ -56,12 +61,17 @@ def redrive_pending_payments() -> int:
     return len(ids)
 
 
-@shared_task(
-    **{**RETRY, "autoretry_for": (*RETRY["autoretry_for"], ProviderUnavailable)}
-)
+@shared_task(**RETRY_PROVIDER)
 def payment_redrive_task(payment_id: int) -> str:
     """Settle or fail one stuck payment from the provider's answer."""
     return services.payment_redrive(payment_id=payment_id).status
+
+
+@shared_task(**RETRY_PROVIDER)
+def payment_cancel_open_charges_task(order_id: int) -> int:
+    """Cancel at the provider the open charge of an order paid another way; the
+    number of our payments it closed."""
+    return len(services.payment_cancel_open_charges(order_id=order_id))
 
 
 @shared_task

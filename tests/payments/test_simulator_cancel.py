@@ -1,5 +1,8 @@
 """The provider simulator's cancel endpoint and the pay page of a cancelled charge,
-in process.
+and the order page once the order is paid, all in process.
+
+The whole flow over real HTTP, with the cancel task, races and a crash, is in
+`test_cancel.py`.
 """
 
 import re
@@ -10,8 +13,11 @@ from rest_framework.test import APIClient
 
 from payments.provider.models import Charge, Notification
 from payments.provider.services import charge_create, charge_settle
+from payments.services import payment_pay_with_balance
 from tests.conftest import run_in_threads
-from tests.orders.helpers import assert_problem
+from tests.orders.helpers import assert_problem, customer, place_order
+
+from .helpers import pending_provider_payment
 
 pytestmark = pytest.mark.django_db
 
@@ -133,3 +139,17 @@ def test_a_cancel_and_a_confirmation_racing_end_one_way(on_postgres):
             assert charge.status == settled == "SUCCESS"
             assert cancels == [409, 409]
             assert charge.notifications.count() == 1
+
+
+def test_a_paid_order_no_longer_offers_its_pay_page(client):
+    user, _, _ = customer("alice", balance=5000)
+    order = place_order(user, amount=2500)
+    payment = pending_provider_payment(order)
+    client.force_login(user)
+    url = f"/orders/{order.merchant_order_no}"
+    page = client.get(url).content.decode()
+    assert "Continue to the pay page" in page and payment.pay_url in page
+    payment_pay_with_balance(order_id=order.pk)  # its cancel task has not run yet
+    page = client.get(url).content.decode()
+    assert "Continue to the pay page" not in page and payment.pay_url not in page
+    assert 'id="pay-provider"' not in page
