@@ -134,12 +134,16 @@ class ProviderEvent(models.Model):
     """The inbox: every valid provider callback, stored before we answer 200.
 
     The unique `event_id` turns a redelivery into a no-op; a Celery task processes
-    each row once (`received` -> `processed`) and may be retried safely.
+    each row once (`received` -> `processed`) and may be retried safely. An event
+    whose processing keeps failing (a business refusal, not a lost connection) is
+    `parked` after PROVIDER_EVENT_MAX_ATTEMPTS failed attempts: kept, no longer
+    re-driven by beat, until an operator re-drives it (`received` again).
     """
 
     class Status(models.TextChoices):
         RECEIVED = "received", _("Received")
         PROCESSED = "processed", _("Processed")
+        PARKED = "parked", _("Parked")
 
     event_id = models.CharField(_("event id"), max_length=128, unique=True)
     payment = models.ForeignKey(
@@ -152,13 +156,27 @@ class ProviderEvent(models.Model):
         _("status"), max_length=16, choices=Status.choices, default=Status.RECEIVED
     )
     outcome = models.CharField(_("outcome"), max_length=64, blank=True)
+    # Failed attempts since it was received or last re-driven by an operator, and
+    # why the last one failed.
+    attempts = models.PositiveIntegerField(_("failed attempts"), default=0)
+    last_error = models.TextField(_("last error"), blank=True)
     received_at = models.DateTimeField(_("received"), auto_now_add=True)
     processed_at = models.DateTimeField(_("processed"), null=True, blank=True)
+    parked_at = models.DateTimeField(_("parked"), null=True, blank=True)
 
     class Meta:
         verbose_name = _("provider event")
         verbose_name_plural = _("provider events")
         ordering = ["-id"]
+        indexes = [
+            # The few open events among the many processed ones: beat's re-drive,
+            # `/metrics` and `check_ledger` read only these.
+            models.Index(
+                fields=["status", "received_at"],
+                condition=Q(status__in=["received", "parked"]),
+                name="provider_event_open",
+            )
+        ]
 
     def __str__(self) -> str:
         return f"event {self.event_id} ({self.kind}, {self.status})"

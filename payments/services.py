@@ -8,7 +8,8 @@ import logging
 from datetime import timedelta
 from typing import Any
 
-from django.db import IntegrityError, transaction
+from django.conf import settings
+from django.db import IntegrityError, InterfaceError, OperationalError, transaction
 from django.db.models import QuerySet
 from django.utils import timezone
 
@@ -464,26 +465,91 @@ def provider_event_receive(
 def provider_event_process(*, event_id: int) -> ProviderEvent:
     """Apply a stored callback, once: settle or fail its payment, mark it processed.
 
-    The event row is locked and re-read: processed already (a redelivered task) is
-    a no-op. Settling is itself idempotent, so two events reporting success for
-    one payment settle it once.
+    The event row is locked and re-read: processed already (a redelivered task) or
+    parked is a no-op. Settling is itself idempotent, so two events reporting
+    success for one payment settle it once. A failed attempt is counted on the
+    event; see `_provider_event_apply`.
     """
     with transaction.atomic():
         event = ProviderEvent.objects.select_for_update().get(pk=event_id)
-        if event.status == ProviderEvent.Status.PROCESSED:
-            return event
-        if event.kind == "SUCCESS":
-            payment = payment_settle(
-                payment_id=event.payment_id,
-                provider_txn_id=event.payload.get("provider_txn_id", ""),
+        if event.status == ProviderEvent.Status.RECEIVED:
+            _provider_event_apply(event)
+    return event
+
+
+def _provider_event_apply(event: ProviderEvent) -> None:
+    """Apply a received event whose row the caller holds locked, and save it.
+
+    The effect runs in a savepoint. If it fails for any reason but a lost database
+    connection (which the task retries), the effect rolls back to the savepoint and
+    the attempt is recorded instead (`attempts`, `last_error`); after
+    PROVIDER_EVENT_MAX_ATTEMPTS failed attempts the event is `parked`: kept, no
+    longer re-driven by beat, counted by `/metrics` and `check_ledger`, until an
+    operator re-drives it (`provider_event_redrive`). A business refusal (a frozen
+    merchant account) would otherwise be re-driven every minute for ever.
+    """
+    try:
+        with transaction.atomic():  # a savepoint: a failure rolls back to it
+            if event.kind == "SUCCESS":
+                payment = payment_settle(
+                    payment_id=event.payment_id,
+                    provider_txn_id=event.payload.get("provider_txn_id", ""),
+                )
+            else:
+                payment = payment_fail(payment_id=event.payment_id)
+    except (OperationalError, InterfaceError):
+        raise  # the database itself: the task's retries, not a failed attempt
+    except Exception as exc:
+        event.attempts += 1
+        code = getattr(exc, "code", "")
+        event.last_error = f"{type(exc).__name__}{f' {code}' if code else ''}: {exc}"
+        fields = ["attempts", "last_error"]
+        if event.attempts >= settings.PROVIDER_EVENT_MAX_ATTEMPTS:
+            event.status = ProviderEvent.Status.PARKED
+            event.parked_at = timezone.now()
+            fields += ["status", "parked_at"]
+            logger.error(
+                "provider event %s parked after %d failed attempts: %s",
+                event.event_id,
+                event.attempts,
+                event.last_error,
             )
         else:
-            payment = payment_fail(payment_id=event.payment_id)
-        event.status = ProviderEvent.Status.PROCESSED
-        event.outcome = f"payment {payment.status}"
-        event.processed_at = timezone.now()
-        event.save(update_fields=["status", "outcome", "processed_at"])
-    return event
+            logger.warning(
+                "provider event %s failed (attempt %d): %s",
+                event.event_id,
+                event.attempts,
+                event.last_error,
+            )
+        event.save(update_fields=fields)
+        return
+    event.status = ProviderEvent.Status.PROCESSED
+    event.outcome = f"payment {payment.status}"
+    event.processed_at = timezone.now()
+    event.save(update_fields=["status", "outcome", "processed_at"])
+
+
+def provider_event_redrive(*, event_id: int) -> tuple[ProviderEvent, bool]:
+    """Process a parked event again, now, once: the operator fixed the cause.
+    Returns (event, whether it was parked and so re-driven).
+
+    One transaction under the event's row lock: only a parked event moves (back to
+    `received`, with a fresh budget of attempts) and is applied at once, so a second
+    press, or two operators racing, find it no longer parked and do nothing; the
+    ledger's unique references stop a second movement in any case. If it fails
+    again the failure is recorded as a first attempt, and beat re-drives it until it
+    is parked again.
+    """
+    with transaction.atomic():
+        event = ProviderEvent.objects.select_for_update().get(pk=event_id)
+        if event.status != ProviderEvent.Status.PARKED:
+            return event, False
+        event.status = ProviderEvent.Status.RECEIVED
+        event.attempts = 0
+        event.parked_at = None
+        event.save(update_fields=["status", "attempts", "parked_at"])
+        _provider_event_apply(event)
+    return event, True
 
 
 def payment_redrive(*, payment_id: int) -> Payment:

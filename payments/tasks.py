@@ -31,7 +31,8 @@ RETRY_PROVIDER: dict[str, Any] = {
 
 @shared_task(**RETRY)
 def provider_event_process_task(event_id: int) -> str:
-    """Apply one stored provider callback."""
+    """Apply one stored provider callback (a failed attempt is counted on the event,
+    which is parked after PROVIDER_EVENT_MAX_ATTEMPTS of them)."""
     return services.provider_event_process(event_id=event_id).status
 
 
@@ -85,7 +86,8 @@ def cancel_expired_orders() -> int:
 @shared_task
 def redrive_inbox() -> int:
     """Send again the tasks of provider events and shipments that still wait a
-    minute after they were stored (each task is a no-op if it already ran)."""
+    minute after they were stored (each task is a no-op if it already ran); a
+    parked event waits for an operator instead."""
     events, shipments = services.inbox_stuck(older_than_seconds=60)
     for event_id in events:
         provider_event_process_task.delay(event_id)
