@@ -3,6 +3,10 @@
 A check is a function returning a list of violations (human-readable strings); an empty
 list means it holds. Apps register their own in `AppConfig.ready()`, so the orders app
 can add "no order paid twice" without the ledger importing it.
+
+A warning check has the same shape but names something an operator must look at that
+breaks no invariant (a provider callback parked after failing): it is listed under
+`warnings` in the report and never makes it fail.
 """
 
 from collections.abc import Callable
@@ -14,11 +18,18 @@ from .models import Account, JournalEntry, Posting
 
 Check = Callable[[], list[str]]
 _checks: list[Check] = []
+_warning_checks: list[Check] = []
 
 
 def invariant(check: Check) -> Check:
     if check not in _checks:
         _checks.append(check)
+    return check
+
+
+def warning_check(check: Check) -> Check:
+    if check not in _warning_checks:
+        _warning_checks.append(check)
     return check
 
 
@@ -71,8 +82,10 @@ def money_is_conserved() -> list[str]:
 
 
 def ledger_report() -> dict:
-    """Run every registered invariant; return a JSON-ready summary."""
+    """Run every registered invariant and warning check; return a JSON-ready
+    summary (`ok` is about the invariants only)."""
     violations = [v for check in _checks for v in check()]
+    warnings = [w for check in _warning_checks for w in check()]
     totals = {
         row["currency"]: row["total"]
         for row in Account.objects.exclude(kind=Account.Kind.EXTERNAL)
@@ -88,4 +101,6 @@ def ledger_report() -> dict:
         "money_inside": totals,
         "checks": [check.__name__ for check in _checks],
         "violations": violations,
+        "warning_checks": [check.__name__ for check in _warning_checks],
+        "warnings": warnings,
     }

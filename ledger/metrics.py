@@ -8,7 +8,8 @@ Read at `/metrics` together with the idempotency counters (`idempotency.metrics`
 - `celery_tasks_total{task, outcome}` (`succeeded`, `failed`, `retried`) and
   `celery_task_duration_seconds{task}`.
 - `payments_callback_inbox_depth`: provider events received and not yet processed,
-  read from the database at scrape time.
+  and `payments_provider_events_parked`: provider events parked after failing (an
+  operator must re-drive them), both read from the database at scrape time.
 
 With PROMETHEUS_MULTIPROC_DIR set (an empty directory; `make run` sets and empties one
 in the data folder) every web worker and every Celery process writes its samples
@@ -50,25 +51,39 @@ _started: dict[str, float] = {}
 
 
 class InboxDepthCollector(Collector):
-    """Provider events waiting to be processed, counted when Prometheus scrapes."""
+    """Provider events waiting to be processed, and those parked after failing,
+    counted when Prometheus scrapes."""
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         try:
+            from django.db.models import Count, Q
+
             from payments.models import ProviderEvent
         except ImportError:  # no inbox in this build
             return
-        gauge = GaugeMetricFamily(
+        status = ProviderEvent.Status
+        try:
+            counts = ProviderEvent.objects.filter(
+                status__in=[status.RECEIVED, status.PARKED]
+            ).aggregate(
+                received=Count("pk", filter=Q(status=status.RECEIVED)),
+                parked=Count("pk", filter=Q(status=status.PARKED)),
+            )
+        except Exception:  # the database is down: say nothing rather than fail
+            return
+        depth = GaugeMetricFamily(
             "payments_callback_inbox_depth",
             "Provider callbacks stored and not yet processed.",
         )
-        try:
-            depth = ProviderEvent.objects.filter(
-                status=ProviderEvent.Status.RECEIVED
-            ).count()
-        except Exception:  # the database is down: say nothing rather than fail
-            return
-        gauge.add_metric([], depth)
-        yield gauge
+        depth.add_metric([], counts["received"])
+        yield depth
+        parked = GaugeMetricFamily(
+            "payments_provider_events_parked",
+            "Provider callbacks parked after failing PROVIDER_EVENT_MAX_ATTEMPTS "
+            "times; an operator must re-drive them.",
+        )
+        parked.add_metric([], counts["parked"])
+        yield parked
 
 
 def _task_name(sender: Any) -> str:

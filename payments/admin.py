@@ -1,8 +1,11 @@
-from django.contrib import admin
+from django.contrib import admin, messages
+from django.db.models import QuerySet
+from django.http import HttpRequest
 
 from ledger.admin import ReadOnlyAdmin
 
 from .models import Payment, ProviderEvent, Refund, Shipment
+from .services import provider_event_redrive
 
 
 @admin.register(Payment)
@@ -58,11 +61,50 @@ class RefundAdmin(ReadOnlyAdmin):
 
 @admin.register(ProviderEvent)
 class ProviderEventAdmin(ReadOnlyAdmin):
-    """The inbox of provider callbacks, as received."""
+    """The inbox of provider callbacks, as received. Filter by status `parked` for
+    the ones that failed PROVIDER_EVENT_MAX_ATTEMPTS times; once the cause is fixed,
+    the "re-drive" action processes them again, once."""
 
-    list_display = ("event_id", "payment", "kind", "status", "outcome", "received_at")
+    list_display = (
+        "event_id",
+        "payment",
+        "kind",
+        "status",
+        "outcome",
+        "attempts",
+        "last_error",
+        "received_at",
+        "parked_at",
+    )
     list_filter = ("status", "kind")
     search_fields = ("event_id", "payment__order__merchant_order_no")
+    actions = ("redrive",)
+
+    def has_redrive_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm("payments.change_providerevent")
+
+    @admin.action(
+        description="Re-drive parked events (process them again, once)",
+        permissions=["redrive"],
+    )
+    def redrive(self, request: HttpRequest, queryset: QuerySet) -> None:
+        outcomes: dict[str, int] = {}
+        for pk in queryset.order_by("pk").values_list("pk", flat=True):
+            event, redriven = provider_event_redrive(event_id=pk)
+            if not redriven:
+                outcome = "skipped (not parked)"
+            elif event.status == ProviderEvent.Status.PROCESSED:
+                outcome = "processed"
+            else:
+                outcome = "failed again"
+                self.message_user(
+                    request,
+                    f"Event {event.event_id} failed again: {event.last_error}",
+                    messages.WARNING,
+                )
+            outcomes[outcome] = outcomes.get(outcome, 0) + 1
+        summary = ", ".join(f"{n} {outcome}" for outcome, n in outcomes.items())
+        self.message_user(request, f"Re-drive: {summary}.", messages.INFO)
 
 
 @admin.register(Shipment)

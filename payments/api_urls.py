@@ -16,6 +16,11 @@ urlpatterns = [
         name="api-order-pay",
     ),
     path(
+        "payments/<int:payment_id>",
+        apis.PaymentDetailApi.as_view(),
+        name="api-payment-detail",
+    ),
+    path(
         "payments/<int:payment_id>/refund",
         apis.PaymentRefundApi.as_view(),
         name="api-payment-refund",

@@ -119,6 +119,13 @@ class OrderPayApi(APIView):
         )
 
 
+class PaymentDetailApi(APIView):
+    @extend_schema(responses={200: PaymentOutputSerializer})
+    def get(self, request: Request, payment_id: int) -> Response:
+        payment = payment_get(owner=authenticated(request), payment_id=payment_id)
+        return Response(PaymentOutputSerializer(payment).data)
+
+
 class RefundOutputSerializer(serializers.Serializer):
     id = serializers.IntegerField()
     payment = serializers.IntegerField(source="payment_id")

@@ -1,8 +1,9 @@
-"""The payments app's addition to `check_ledger`: no order is paid twice."""
+"""The payments app's additions to `check_ledger`: no order is paid twice, every
+payment matches the ledger; and a warning for each parked provider callback."""
 
 from django.db.models import Count, Q
 
-from ledger.invariants import invariant
+from ledger.invariants import invariant, warning_check
 
 
 @invariant
@@ -54,3 +55,20 @@ def payments_match_the_ledger() -> list[str]:
         .values_list("pk", "status")
     ]
     return problems
+
+
+@warning_check
+def provider_events_parked() -> list[str]:
+    """Provider callbacks parked after failing: money the provider reported that we
+    have not applied yet. Not a broken invariant, but an operator must fix the cause
+    and re-drive them (`manage.py redrive_provider_events`)."""
+    from .models import ProviderEvent
+
+    parked = ProviderEvent.objects.filter(
+        status=ProviderEvent.Status.PARKED
+    ).values_list("event_id", "payment_id", "attempts", "last_error")
+    return [
+        f"provider event {event_id!r} (payment {payment_id}) parked after "
+        f"{attempts} failed attempts: {error}"
+        for event_id, payment_id, attempts, error in parked.order_by("pk")
+    ]

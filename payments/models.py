@@ -1,9 +1,10 @@
 """Payments of orders.
 
 A payment is `pending` until the money has moved, then `succeeded` (or `failed`);
-a refund moves a succeeded payment to `refunded`. A partial unique index allows at most
-one succeeded payment per order: whatever path tries to settle an order a second time
-stops at the database.
+a refund moves a succeeded payment to `refunded`. A pending provider payment whose
+order was paid another way is `cancelled` once its charge is cancelled at the
+provider. A partial unique index allows at most one succeeded payment per order:
+whatever path tries to settle an order a second time stops at the database.
 """
 
 from django.db import models
@@ -21,6 +22,7 @@ class Payment(ConcurrentTransitionMixin, models.Model):
         SUCCEEDED = "succeeded", _("Succeeded")
         FAILED = "failed", _("Failed")
         REFUNDED = "refunded", _("Refunded")
+        CANCELLED = "cancelled", _("Cancelled")
 
     class Method(models.TextChoices):
         BALANCE = "balance", _("Wallet balance")
@@ -75,15 +77,23 @@ class Payment(ConcurrentTransitionMixin, models.Model):
 
     # Transitions only declare the legal edges; services save them.
     # A provider may report success after reporting failure (the payer retried on
-    # the pay page); the money arrived, so the payment succeeds.
+    # the pay page), or after we cancelled (the payer confirmed before the cancel
+    # reached the provider); the money arrived, so the payment succeeds (and is
+    # refunded at once if the order no longer takes it).
     @transition(
-        field=status, source=[Status.PENDING, Status.FAILED], target=Status.SUCCEEDED
+        field=status,
+        source=[Status.PENDING, Status.FAILED, Status.CANCELLED],
+        target=Status.SUCCEEDED,
     )
     def succeed(self) -> None:
         pass
 
     @transition(field=status, source=Status.PENDING, target=Status.FAILED)
     def fail(self) -> None:
+        pass
+
+    @transition(field=status, source=Status.PENDING, target=Status.CANCELLED)
+    def cancel(self) -> None:
         pass
 
     @transition(field=status, source=Status.SUCCEEDED, target=Status.REFUNDED)
@@ -124,12 +134,16 @@ class ProviderEvent(models.Model):
     """The inbox: every valid provider callback, stored before we answer 200.
 
     The unique `event_id` turns a redelivery into a no-op; a Celery task processes
-    each row once (`received` -> `processed`) and may be retried safely.
+    each row once (`received` -> `processed`) and may be retried safely. An event
+    whose processing keeps failing (a business refusal, not a lost connection) is
+    `parked` after PROVIDER_EVENT_MAX_ATTEMPTS failed attempts: kept, no longer
+    re-driven by beat, until an operator re-drives it (`received` again).
     """
 
     class Status(models.TextChoices):
         RECEIVED = "received", _("Received")
         PROCESSED = "processed", _("Processed")
+        PARKED = "parked", _("Parked")
 
     event_id = models.CharField(_("event id"), max_length=128, unique=True)
     payment = models.ForeignKey(
@@ -142,13 +156,27 @@ class ProviderEvent(models.Model):
         _("status"), max_length=16, choices=Status.choices, default=Status.RECEIVED
     )
     outcome = models.CharField(_("outcome"), max_length=64, blank=True)
+    # Failed attempts since it was received or last re-driven by an operator, and
+    # why the last one failed.
+    attempts = models.PositiveIntegerField(_("failed attempts"), default=0)
+    last_error = models.TextField(_("last error"), blank=True)
     received_at = models.DateTimeField(_("received"), auto_now_add=True)
     processed_at = models.DateTimeField(_("processed"), null=True, blank=True)
+    parked_at = models.DateTimeField(_("parked"), null=True, blank=True)
 
     class Meta:
         verbose_name = _("provider event")
         verbose_name_plural = _("provider events")
         ordering = ["-id"]
+        indexes = [
+            # The few open events among the many processed ones: beat's re-drive,
+            # `/metrics` and `check_ledger` read only these.
+            models.Index(
+                fields=["status", "received_at"],
+                condition=Q(status__in=["received", "parked"]),
+                name="provider_event_open",
+            )
+        ]
 
     def __str__(self) -> str:
         return f"event {self.event_id} ({self.kind}, {self.status})"

@@ -18,7 +18,7 @@ class ProviderCharge:
     txn_id: str
     merchant_order_no: str
     amount: int
-    status: str  # PENDING / SUCCESS / FAILED
+    status: str  # PENDING / SUCCESS / FAILED / CANCELLED
     pay_url: str
 
 
@@ -84,4 +84,16 @@ def provider_charge_create(
 def provider_charge_get(*, merchant_order_no: str) -> ProviderCharge | None:
     """The provider's view of the charge for `merchant_order_no`, or None."""
     response = _request("GET", f"/charges/{merchant_order_no}")
+    return None if response is None else _charge(response.json())
+
+
+def provider_charge_cancel(*, merchant_order_no: str) -> ProviderCharge | None:
+    """Cancel the charge for `merchant_order_no` so the payer can no longer confirm
+    it; the provider's answer (CANCELLED), or None if it has no such charge.
+
+    Idempotent at the provider: asking again answers the same. A charge the payer
+    confirmed first is `ProviderRefused` (409): its money is in and comes back by a
+    refund.
+    """
+    response = _request("POST", f"/charges/{merchant_order_no}/cancel")
     return None if response is None else _charge(response.json())

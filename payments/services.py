@@ -8,7 +8,9 @@ import logging
 from datetime import timedelta
 from typing import Any
 
-from django.db import IntegrityError, transaction
+from django.conf import settings
+from django.db import IntegrityError, InterfaceError, OperationalError, transaction
+from django.db.models import QuerySet
 from django.utils import timezone
 
 from idempotency.sql import insert_unless_exists
@@ -29,6 +31,7 @@ from .exceptions import (
     OrderNotPayable,
     PaymentMethodUnavailable,
     PaymentNotRefundable,
+    ProviderRefused,
 )
 from .models import Payment, ProviderEvent, Refund, Shipment
 
@@ -77,8 +80,12 @@ def payment_pay_with_balance(*, order_id: int) -> Payment:
     stops a second debit even if every check above were bypassed), mark the payment
     succeeded (a partial unique index allows one success per order) and move the order
     to `paid` with `WHERE status < paid`. Not enough money raises `InsufficientFunds`
-    and the whole transaction, payment row included, rolls back.
+    and the whole transaction, payment row included, rolls back. If the order also
+    has a pending provider payment, its charge is cancelled at the provider by a task
+    sent after commit (`payment_cancel_open_charges`), so the shopper cannot pay twice.
     """
+    from .tasks import payment_cancel_open_charges_task
+
     with transaction.atomic():
         order = Order.objects.select_for_update().get(pk=order_id)
         if order.status in PAID_STATES:
@@ -108,7 +115,17 @@ def payment_pay_with_balance(*, order_id: int) -> Payment:
         )
         if not order_mark_paid(order_id=order.pk):  # pragma: no cover - row is locked
             raise OrderAlreadyPaid()
+        if _pending_provider_payments(order.pk).exists():
+            enqueue_on_commit(payment_cancel_open_charges_task, order.pk)
     return payment
+
+
+def _pending_provider_payments(order_id: int) -> QuerySet[Payment]:
+    return Payment.objects.filter(
+        order_id=order_id,
+        method=Payment.Method.PROVIDER,
+        status=Payment.Status.PENDING,
+    )
 
 
 def payment_create(*, order_id: int, method: str) -> Payment:
@@ -137,11 +154,7 @@ def payment_provider_start(*, order_id: int) -> Payment:
             raise OrderAlreadyPaid()
         if order.status == Order.Status.CANCELLED:
             raise OrderNotPayable()
-        pending = Payment.objects.filter(
-            order=order,
-            method=Payment.Method.PROVIDER,
-            status=Payment.Status.PENDING,
-        ).first()
+        pending = _pending_provider_payments(order.pk).first()
         if pending is not None:
             return pending
         return Payment.objects.create(
@@ -156,11 +169,21 @@ def payment_record_charge(
     *, payment_id: int, provider_txn_id: str, pay_url: str
 ) -> Payment:
     """Record the provider's transaction and pay page on the payment (once: a
-    recorded transaction is never overwritten)."""
+    recorded transaction is never overwritten).
+
+    The payment may have been cancelled while its pay request talked to the
+    provider (the order was paid another way, and the cancel found no charge yet):
+    the charge just opened is then cancelled too, by a task sent after commit.
+    """
+    from .tasks import payment_cancel_open_charges_task
+
     Payment.objects.filter(pk=payment_id, provider_txn_id="").update(
         provider_txn_id=provider_txn_id, pay_url=pay_url, updated_at=timezone.now()
     )
-    return Payment.objects.get(pk=payment_id)
+    payment = Payment.objects.get(pk=payment_id)
+    if payment.status == Payment.Status.CANCELLED:
+        enqueue_on_commit(payment_cancel_open_charges_task, payment.order_id)
+    return payment
 
 
 def refund_reference(payment: Payment) -> str:
@@ -285,14 +308,72 @@ def payment_settle(*, payment_id: int, provider_txn_id: str) -> Payment:
     return payment
 
 
-def payment_fail(*, payment_id: int) -> Payment:
-    """Mark a pending payment failed (the provider said so); anything else stays."""
+def _close_pending(payment_id: int, edge: str) -> Payment:
+    """Take `edge` out of `pending` under the locks; anything else stays (the
+    save is conditional on the status read: ConcurrentTransitionMixin)."""
     with transaction.atomic():
         _, payment = _lock(payment_id)
         if payment.status == Payment.Status.PENDING:
-            payment.fail()
+            getattr(payment, edge)()
             payment.save()
     return payment
+
+
+def payment_fail(*, payment_id: int) -> Payment:
+    """Mark a pending payment failed (the provider said so); anything else stays."""
+    return _close_pending(payment_id, "fail")
+
+
+def payment_cancel(*, payment_id: int) -> Payment:
+    """Mark a pending provider payment cancelled (its charge was cancelled at the
+    provider, or never reached it); anything else stays."""
+    return _close_pending(payment_id, "cancel")
+
+
+def payment_cancel_open_charges(*, order_id: int) -> list[Payment]:
+    """Cancel the open provider charge of an order that no longer takes money, and
+    mark its pending provider payments cancelled; return the payments it closed.
+
+    Sent after an order is paid another way, and used by the re-drive. Never inside
+    a transaction (the provider call), and every step is safe to repeat, so a task
+    that crashed mid-way simply runs again: the provider's cancel is idempotent,
+    our mark is a conditional update of a pending payment. A charge the payer
+    confirmed before the cancel reached the provider cannot be cancelled: it is
+    settled from the provider's answer, and `payment_settle` refunds it because
+    the order no longer takes the money (as its own callback would, once).
+    """
+    from .provider_client import provider_charge_cancel, provider_charge_get
+
+    order = Order.objects.get(pk=order_id)
+    if order.status == Order.Status.PENDING_PAYMENT:
+        return []  # it may still be paid through the provider
+    # Cancelled ones too: a charge opened after we cancelled (see
+    # `payment_record_charge`) is cancelled at the provider all the same.
+    payments = list(
+        Payment.objects.filter(
+            order_id=order_id,
+            method=Payment.Method.PROVIDER,
+            status__in=[Payment.Status.PENDING, Payment.Status.CANCELLED],
+        ).order_by("-pk")
+    )
+    if not payments:
+        return []
+    try:
+        charge = provider_charge_cancel(merchant_order_no=order.merchant_order_no)
+    except ProviderRefused:
+        charge = provider_charge_get(merchant_order_no=order.merchant_order_no)
+        if charge is None or charge.status != "SUCCESS":
+            raise
+    if charge is not None and charge.status == "SUCCESS":
+        latest = payments[0]
+        if charge.amount != latest.amount:  # pragma: no cover - the provider dedupes
+            return []
+        return [payment_settle(payment_id=latest.pk, provider_txn_id=charge.txn_id)]
+    return [
+        payment_cancel(payment_id=p.pk)
+        for p in payments
+        if p.status == Payment.Status.PENDING
+    ]
 
 
 def shipment_create(*, order_id: int) -> Shipment | None:
@@ -384,26 +465,91 @@ def provider_event_receive(
 def provider_event_process(*, event_id: int) -> ProviderEvent:
     """Apply a stored callback, once: settle or fail its payment, mark it processed.
 
-    The event row is locked and re-read: processed already (a redelivered task) is
-    a no-op. Settling is itself idempotent, so two events reporting success for
-    one payment settle it once.
+    The event row is locked and re-read: processed already (a redelivered task) or
+    parked is a no-op. Settling is itself idempotent, so two events reporting
+    success for one payment settle it once. A failed attempt is counted on the
+    event; see `_provider_event_apply`.
     """
     with transaction.atomic():
         event = ProviderEvent.objects.select_for_update().get(pk=event_id)
-        if event.status == ProviderEvent.Status.PROCESSED:
-            return event
-        if event.kind == "SUCCESS":
-            payment = payment_settle(
-                payment_id=event.payment_id,
-                provider_txn_id=event.payload.get("provider_txn_id", ""),
+        if event.status == ProviderEvent.Status.RECEIVED:
+            _provider_event_apply(event)
+    return event
+
+
+def _provider_event_apply(event: ProviderEvent) -> None:
+    """Apply a received event whose row the caller holds locked, and save it.
+
+    The effect runs in a savepoint. If it fails for any reason but a lost database
+    connection (which the task retries), the effect rolls back to the savepoint and
+    the attempt is recorded instead (`attempts`, `last_error`); after
+    PROVIDER_EVENT_MAX_ATTEMPTS failed attempts the event is `parked`: kept, no
+    longer re-driven by beat, counted by `/metrics` and `check_ledger`, until an
+    operator re-drives it (`provider_event_redrive`). A business refusal (a frozen
+    merchant account) would otherwise be re-driven every minute for ever.
+    """
+    try:
+        with transaction.atomic():  # a savepoint: a failure rolls back to it
+            if event.kind == "SUCCESS":
+                payment = payment_settle(
+                    payment_id=event.payment_id,
+                    provider_txn_id=event.payload.get("provider_txn_id", ""),
+                )
+            else:
+                payment = payment_fail(payment_id=event.payment_id)
+    except (OperationalError, InterfaceError):
+        raise  # the database itself: the task's retries, not a failed attempt
+    except Exception as exc:
+        event.attempts += 1
+        code = getattr(exc, "code", "")
+        event.last_error = f"{type(exc).__name__}{f' {code}' if code else ''}: {exc}"
+        fields = ["attempts", "last_error"]
+        if event.attempts >= settings.PROVIDER_EVENT_MAX_ATTEMPTS:
+            event.status = ProviderEvent.Status.PARKED
+            event.parked_at = timezone.now()
+            fields += ["status", "parked_at"]
+            logger.error(
+                "provider event %s parked after %d failed attempts: %s",
+                event.event_id,
+                event.attempts,
+                event.last_error,
             )
         else:
-            payment = payment_fail(payment_id=event.payment_id)
-        event.status = ProviderEvent.Status.PROCESSED
-        event.outcome = f"payment {payment.status}"
-        event.processed_at = timezone.now()
-        event.save(update_fields=["status", "outcome", "processed_at"])
-    return event
+            logger.warning(
+                "provider event %s failed (attempt %d): %s",
+                event.event_id,
+                event.attempts,
+                event.last_error,
+            )
+        event.save(update_fields=fields)
+        return
+    event.status = ProviderEvent.Status.PROCESSED
+    event.outcome = f"payment {payment.status}"
+    event.processed_at = timezone.now()
+    event.save(update_fields=["status", "outcome", "processed_at"])
+
+
+def provider_event_redrive(*, event_id: int) -> tuple[ProviderEvent, bool]:
+    """Process a parked event again, now, once: the operator fixed the cause.
+    Returns (event, whether it was parked and so re-driven).
+
+    One transaction under the event's row lock: only a parked event moves (back to
+    `received`, with a fresh budget of attempts) and is applied at once, so a second
+    press, or two operators racing, find it no longer parked and do nothing; the
+    ledger's unique references stop a second movement in any case. If it fails
+    again the failure is recorded as a first attempt, and beat re-drives it until it
+    is parked again.
+    """
+    with transaction.atomic():
+        event = ProviderEvent.objects.select_for_update().get(pk=event_id)
+        if event.status != ProviderEvent.Status.PARKED:
+            return event, False
+        event.status = ProviderEvent.Status.RECEIVED
+        event.attempts = 0
+        event.parked_at = None
+        event.save(update_fields=["status", "attempts", "parked_at"])
+        _provider_event_apply(event)
+    return event, True
 
 
 def payment_redrive(*, payment_id: int) -> Payment:
@@ -412,16 +558,23 @@ def payment_redrive(*, payment_id: int) -> Payment:
     Never inside a transaction (the client refuses): the answer then goes through
     the same idempotent services a callback uses, so a callback arriving at the same
     moment settles it once. The provider has no charge: the pay request never got
-    that far, so the payment fails and the order may be paid again.
+    that far, so the payment fails and the order may be paid again. An order that
+    no longer takes money (paid another way, cancelled) has its charge cancelled
+    instead of waited on.
     """
     from .provider_client import provider_charge_get
 
     payment = Payment.objects.select_related("order").get(pk=payment_id)
     if payment.status != Payment.Status.PENDING:
         return payment
+    if payment.order.status != Order.Status.PENDING_PAYMENT:
+        payment_cancel_open_charges(order_id=payment.order_id)
+        return Payment.objects.get(pk=payment.pk)
     charge = provider_charge_get(merchant_order_no=payment.order.merchant_order_no)
     if charge is None or charge.status == "FAILED":
         return payment_fail(payment_id=payment.pk)
+    if charge.status == "CANCELLED":
+        return payment_cancel(payment_id=payment.pk)
     if charge.status == "SUCCESS" and charge.amount == payment.amount:
         return payment_settle(payment_id=payment.pk, provider_txn_id=charge.txn_id)
     return payment

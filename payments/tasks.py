@@ -22,11 +22,17 @@ RETRY: dict[str, Any] = {
     "retry_backoff_max": 600,
     "retry_jitter": True,
 }
+# Tasks that call the provider also retry while it does not answer.
+RETRY_PROVIDER: dict[str, Any] = {
+    **RETRY,
+    "autoretry_for": (*RETRY["autoretry_for"], ProviderUnavailable),
+}
 
 
 @shared_task(**RETRY)
 def provider_event_process_task(event_id: int) -> str:
-    """Apply one stored provider callback."""
+    """Apply one stored provider callback (a failed attempt is counted on the event,
+    which is parked after PROVIDER_EVENT_MAX_ATTEMPTS of them)."""
     return services.provider_event_process(event_id=event_id).status
 
 
@@ -56,12 +62,17 @@ def redrive_pending_payments() -> int:
     return len(ids)
 
 
-@shared_task(
-    **{**RETRY, "autoretry_for": (*RETRY["autoretry_for"], ProviderUnavailable)}
-)
+@shared_task(**RETRY_PROVIDER)
 def payment_redrive_task(payment_id: int) -> str:
     """Settle or fail one stuck payment from the provider's answer."""
     return services.payment_redrive(payment_id=payment_id).status
+
+
+@shared_task(**RETRY_PROVIDER)
+def payment_cancel_open_charges_task(order_id: int) -> int:
+    """Cancel at the provider the open charge of an order paid another way; the
+    number of our payments it closed."""
+    return len(services.payment_cancel_open_charges(order_id=order_id))
 
 
 @shared_task
@@ -75,7 +86,8 @@ def cancel_expired_orders() -> int:
 @shared_task
 def redrive_inbox() -> int:
     """Send again the tasks of provider events and shipments that still wait a
-    minute after they were stored (each task is a no-op if it already ran)."""
+    minute after they were stored (each task is a no-op if it already ran); a
+    parked event waits for an operator instead."""
     events, shipments = services.inbox_stuck(older_than_seconds=60)
     for event_id in events:
         provider_event_process_task.delay(event_id)

@@ -267,6 +267,10 @@ _PORT = env("PORT", "8000")
 PAYMENT_PROVIDER_URL = env("PAYMENT_PROVIDER_URL", f"http://127.0.0.1:{_PORT}/provider")
 PAYMENT_PROVIDER_TIMEOUT_SECONDS = float(env("PAYMENT_PROVIDER_TIMEOUT_SECONDS", "10"))
 PAYMENT_PENDING_TIMEOUT_SECONDS = env_int("PAYMENT_PENDING_TIMEOUT_SECONDS", 600)
+# A provider callback whose processing failed this many times (a business refusal,
+# e.g. a frozen merchant account; beat re-drives it every minute) is parked for an
+# operator (`manage.py redrive_provider_events`) instead of re-driven for ever.
+PROVIDER_EVENT_MAX_ATTEMPTS = env_int("PROVIDER_EVENT_MAX_ATTEMPTS", 10)
 ORDER_UNPAID_EXPIRY_SECONDS = env_int("ORDER_UNPAID_EXPIRY_SECONDS", 86400)
 # The simulator's side: where it delivers callbacks, its retry schedule (seconds
 # between attempts; PROVIDER_RETRY_SCALE shrinks it for tests), how long it dedupes a

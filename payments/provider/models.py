@@ -8,6 +8,8 @@ class Charge(models.Model):
         PENDING = "PENDING", "Pending"
         SUCCESS = "SUCCESS", "Success"
         FAILED = "FAILED", "Failed"
+        # The merchant cancelled it: the payer can no longer confirm it.
+        CANCELLED = "CANCELLED", "Cancelled"
 
     txn_id = models.CharField(max_length=64, unique=True)
     # The merchant's idempotency key: one charge per merchant order number.

@@ -60,6 +60,25 @@ def charge_create(
     return existing, False
 
 
+def charge_cancel(*, merchant_order_no: str) -> Charge:
+    """Cancel the merchant's open charge: the payer can no longer confirm it.
+
+    One conditional update (`WHERE status IN (pending, failed)`), so it races a
+    confirmation on the pay page fairly: whichever commits first wins, and the
+    other finds the charge moved. Cancelled already: the same answer again. Paid
+    already: `ChargeConflict` (the money is in; the merchant refunds instead).
+    Unknown: `Charge.DoesNotExist`.
+    """
+    Charge.objects.filter(
+        merchant_order_no=merchant_order_no,
+        status__in=[Charge.Status.PENDING, Charge.Status.FAILED],
+    ).update(status=Charge.Status.CANCELLED)
+    charge = Charge.objects.get(merchant_order_no=merchant_order_no)
+    if charge.status == Charge.Status.SUCCESS:
+        raise ChargeConflict("This charge was paid already; it cannot be cancelled.")
+    return charge
+
+
 def charge_settle(*, txn_id: str, outcome: str) -> Charge:
     """The payer confirmed (SUCCESS) or declined (FAILED) on the pay page.
 

@@ -9,5 +9,10 @@ urlpatterns = [
         views.ChargeDetailApi.as_view(),
         name="provider-charge-detail",
     ),
+    path(
+        "charges/<str:merchant_order_no>/cancel",
+        views.ChargeCancelApi.as_view(),
+        name="provider-charge-cancel",
+    ),
     path("pay/<str:txn_id>", views.pay_page, name="provider-pay"),
 ]

@@ -3,7 +3,7 @@
 import hmac
 
 from django.conf import settings
-from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import get_object_or_404, render
 from django.urls import reverse
 from django.views.decorators.http import require_http_methods
@@ -16,7 +16,7 @@ from rest_framework.views import APIView
 from orders.fields import MAX_AMOUNT, StrictCharField, StrictIntegerField
 
 from .models import Charge
-from .services import charge_create, charge_settle
+from .services import charge_cancel, charge_create, charge_settle
 
 SECRET_HEADER = "X-Merchant-Secret"  # noqa: S105 - a header name
 
@@ -66,28 +66,64 @@ class ChargeCreateApi(_MerchantApi):
         return Response(charge_data(charge, request), status=201 if created else 200)
 
 
+def _merchant_order_no(value: str) -> str:
+    """A number as the charge API stores it; anything else names no charge (404),
+    never a database error (PostgreSQL refuses a NUL in text)."""
+    if not 0 < len(value) <= 64 or "\x00" in value:
+        raise Http404("no such charge")
+    return value
+
+
 class ChargeDetailApi(_MerchantApi):
     def get(self, request: Request, merchant_order_no: str) -> Response:
-        charge = get_object_or_404(Charge, merchant_order_no=merchant_order_no)
+        charge = get_object_or_404(
+            Charge, merchant_order_no=_merchant_order_no(merchant_order_no)
+        )
+        return Response(charge_data(charge, request))
+
+
+class ChargeCancelApi(_MerchantApi):
+    """Cancel an open charge (no body). Idempotent: `200` with the charge, now
+    `CANCELLED`, however often it is asked; `409` if the payer paid it first;
+    `404` for an unknown merchant order number."""
+
+    def post(self, request: Request, merchant_order_no: str) -> Response:
+        try:
+            charge = charge_cancel(
+                merchant_order_no=_merchant_order_no(merchant_order_no)
+            )
+        except Charge.DoesNotExist:
+            raise Http404("no such charge") from None
         return Response(charge_data(charge, request))
 
 
 @require_http_methods(["GET", "POST"])
 def pay_page(request: HttpRequest, txn_id: str) -> HttpResponse:
-    """The payer's page: the charge, and Confirm / Decline (Post-Redirect-Get)."""
+    """The payer's page: the charge, and Confirm / Decline (Post-Redirect-Get).
+
+    A charge the merchant cancelled cannot be confirmed: a POST from a page opened
+    before the cancel is refused (`409`, the page saying why), never settled.
+    """
     charge = get_object_or_404(Charge, txn_id=txn_id)
     if request.method == "POST":
         action = request.POST.get("action")
         if action in ("confirm", "decline") and charge.status == Charge.Status.PENDING:
-            charge_settle(
+            charge = charge_settle(
                 txn_id=txn_id,
                 outcome=Charge.Status.SUCCESS
                 if action == "confirm"
                 else Charge.Status.FAILED,
             )
-        response = HttpResponseRedirect(request.path)
-        response.status_code = 303
-        return response
+        if charge.status != Charge.Status.CANCELLED:
+            response = HttpResponseRedirect(request.path)
+            response.status_code = 303
+            return response
+        return render(
+            request,
+            "provider/pay.html",
+            {"charge": charge, "refused": True},
+            status=409,
+        )
     return render(
         request,
         "provider/pay.html",

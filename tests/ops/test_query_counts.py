@@ -82,9 +82,9 @@ def test_pay_with_balance(alice):
     pay = {"method": "balance"}
     # token, BEGIN, key lookup, the order (owner check), then the service's savepoint:
     # lock the order, wallet, merchant, payment, and in the ledger's savepoint the
-    # entry, two balances and the postings; payment and order updates; key record,
-    # COMMIT
-    assert_statements(20, 201, lambda: post(client, path, pay, new_key()))
+    # entry, two balances and the postings; payment and order updates; is a provider
+    # payment of the order pending (its charge is then cancelled); key record, COMMIT
+    assert_statements(21, 201, lambda: post(client, path, pay, new_key()))
 
 
 def test_cancel(alice):
@@ -126,4 +126,4 @@ def test_web_pay_button(alice, client):
     client.force_login(user)
     url = f"/orders/{place_order(user).merchant_order_no}/pay"
     # session, user, the order, then `payment_pay_with_balance` as in the API
-    assert_statements(17, 303, lambda: client.post(url))
+    assert_statements(18, 303, lambda: client.post(url))

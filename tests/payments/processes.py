@@ -20,7 +20,9 @@ from kombu import pools
 from ledger.celery import app
 from tests.servers import ROOT, children, stop
 
-BROKER_URL = "redis://127.0.0.1:6379/11"
+# A Redis database of its own: a worker of another test run on this machine must not
+# take this run's tasks (TEST_BROKER_URL gives each concurrent run its own).
+BROKER_URL = os.environ.get("TEST_BROKER_URL", "redis://127.0.0.1:6379/11")
 SETTINGS = "tests.payments.worker_settings"
 
 

@@ -128,3 +128,19 @@ def test_racing_pays_under_different_keys_debit_once(on_postgres):
     assert sorted(statuses) == [201] + [409] * 5, statuses
     assert balance(wallet) == 3500
     assert ledger_report()["ok"]
+
+
+def test_an_order_and_a_payment_show_each_payment_to_their_owner_only():
+    user, client, _ = customer("erin", balance=5000)
+    order = place_order(user, amount=700)
+    paid = pay(client, order).json()
+    body = client.get(f"/api/v1/orders/{order.merchant_order_no}").json()
+    assert [
+        (p["id"], p["method"], p["amount"], p["status"]) for p in body["payments"]
+    ] == [(paid["id"], "balance", 700, "succeeded")]
+    shown = client.get(f"/api/v1/payments/{paid['id']}")
+    assert shown.status_code == 200 and shown.json() == paid
+    _, stranger, _ = customer("frank")
+    assert_problem(stranger.get(f"/api/v1/payments/{paid['id']}"), 404, "not_found")
+    for unknown in (paid["id"] + 1000, 0, 2**63):
+        assert client.get(f"/api/v1/payments/{unknown}").status_code == 404

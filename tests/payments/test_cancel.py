@@ -1,0 +1,336 @@
+"""An order paid one way has its other open provider charge cancelled: at the
+provider (the pay page then refuses to confirm it) and here (the payment is
+`cancelled`, no longer offered). A charge the payer confirmed first is refunded.
+
+Over real HTTP: a gunicorn serves our API and the provider simulator; the cancel
+task runs in process, or in a real Celery worker where the test says so.
+"""
+
+import os
+import re
+import signal
+import threading
+from datetime import timedelta
+
+import httpx
+import pytest
+from django.db import connection, connections, transaction
+from django.utils import timezone
+
+from idempotency.models import IdempotencyRecord
+from ledger.invariants import ledger_report
+from ledger.services import external_account, merchant_account
+from orders.models import Order
+from orders.services import order_cancel
+from payments.exceptions import ProviderUnavailable
+from payments.models import Payment, ProviderEvent, Refund
+from payments.provider.models import Charge, Notification
+from payments.provider.services import notification_deliver
+from payments.services import payment_redrive, provider_event_process
+from payments.tasks import payment_cancel_open_charges_task
+from tests.conftest import run_in_threads
+from tests.orders.helpers import balance, customer, new_key, place_order
+from tests.servers import children, free_port
+
+from .processes import celery_worker, pool_child, wait_for
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+
+CANCELLED_NOTE = "the merchant cancelled this payment"
+
+
+def pay(client, order: Order, method: str, key: str = "") -> httpx.Response:
+    return client.post(
+        f"/api/v1/orders/{order.merchant_order_no}/pay",
+        {"method": method},
+        format="json",
+        headers={"Idempotency-Key": key or new_key()},
+    )
+
+
+class PayPage:
+    """The payer's browser tab on the pay page, opened while the charge was
+    pending (so it shows Confirm, whatever happens to the charge later)."""
+
+    def __init__(self, pay_url: str) -> None:
+        self.url = pay_url
+        self.browser = httpx.Client(timeout=10)
+        page = self.browser.get(pay_url)
+        assert 'data-status="PENDING"' in page.text, page.text
+        token = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', page.text)
+        assert token, page.text
+        self.token = token[1]
+
+    def confirm(self) -> httpx.Response:
+        return self.browser.post(
+            self.url, data={"csrfmiddlewaretoken": self.token, "action": "confirm"}
+        )
+
+
+def provider_pending(client, order: Order) -> dict:
+    response = pay(client, order, "provider")
+    assert response.status_code == 201, response.content
+    body = response.json()
+    assert body["status"] == "pending" and body["pay_url"]
+    return body
+
+
+def assert_paid_once_from_the_balance(order: Order, wallet, start: int) -> None:
+    order.refresh_from_db()
+    assert order.status == Order.Status.PAID
+    assert balance(wallet) == start - order.amount
+    assert balance(merchant_account(currency="CNY")) == order.amount
+    assert balance(external_account(currency="CNY")) == -start
+    report = ledger_report()
+    assert report["ok"], report
+
+
+@pytest.fixture
+def worker(tmp_path, provider):
+    with celery_worker(
+        tmp_path,
+        PAYMENT_PROVIDER_URL=f"{provider}/provider",
+        PROVIDER_CALLBACK_URL=f"{provider}/api/v1/payments/callback",
+        PROVIDER_RETRY_SCALE="0.02",
+    ) as process:
+        yield process
+
+
+def test_paying_from_the_balance_cancels_the_open_provider_charge(
+    worker, provider, client
+):
+    user, api, wallet = customer("alice", balance=5000)
+    order = place_order(user, amount=3000)
+    started = provider_pending(api, order)
+    tab = PayPage(started["pay_url"])  # the shopper opened the pay page ...
+    client.force_login(user)
+    page = client.get(f"/orders/{order.merchant_order_no}").content.decode()
+    assert "Continue to the pay page" in page
+
+    paid = pay(api, order, "balance")  # ... and then paid from the balance
+    assert paid.status_code == 201, paid.content
+    assert paid.json()["status"] == "succeeded"
+    # The worker cancels the charge at the provider, then our payment.
+    wait_for(
+        lambda: Payment.objects.get(pk=started["id"]).status == "cancelled",
+        what="the provider payment to be cancelled",
+    )
+    charge = Charge.objects.get(merchant_order_no=order.merchant_order_no)
+    assert charge.status == Charge.Status.CANCELLED
+
+    # The stale tab's Confirm is refused, with a clear message; nothing settles.
+    refused = tab.confirm()
+    assert refused.status_code == 409, refused.text
+    assert "Your confirmation was refused" in refused.text
+    assert CANCELLED_NOTE in refused.text and "not been charged" in refused.text
+    fresh = httpx.get(started["pay_url"])
+    assert fresh.status_code == 200 and CANCELLED_NOTE in fresh.text
+    assert 'id="confirm"' not in fresh.text
+    charge.refresh_from_db()
+    assert charge.status == Charge.Status.CANCELLED
+    assert not Notification.objects.exists()
+
+    # Our side no longer offers it, and says what became of it.
+    page = client.get(f"/orders/{order.merchant_order_no}").content.decode()
+    assert "Continue to the pay page" not in page
+    assert started["pay_url"] not in page
+    body = api.get(f"/api/v1/orders/{order.merchant_order_no}").json()
+    assert {(p["method"], p["status"]) for p in body["payments"]} == {
+        ("balance", "succeeded"),
+        ("provider", "cancelled"),
+    }
+    assert api.get(f"/api/v1/payments/{started['id']}").json()["status"] == (
+        "cancelled"
+    )
+    assert_paid_once_from_the_balance(order, wallet, 5000)
+
+
+@pytest.mark.parametrize("callback_first", [False, True])
+def test_a_charge_confirmed_before_the_cancel_is_refunded_once(
+    provider, settings, callback_first
+):
+    """The race the cancel cannot win: the payer confirmed just before. The cancel
+    is refused, the success is settled and refunded at once (by the cancel task
+    or by the callback, whichever comes first; the other changes nothing)."""
+    settings.PROVIDER_CALLBACK_URL = f"{provider}/api/v1/payments/callback"
+    user, api, wallet = customer("bob", balance=5000)
+    order = place_order(user, amount=3000)
+    started = provider_pending(api, order)
+    assert PayPage(started["pay_url"]).confirm().status_code == 303
+    assert pay(api, order, "balance").status_code == 201
+
+    def deliver_callback() -> None:
+        assert notification_deliver(notification_id=Notification.objects.get().pk)
+        provider_event_process(event_id=ProviderEvent.objects.get().pk)
+
+    if callback_first:
+        deliver_callback()
+        assert payment_cancel_open_charges_task(order.pk) == 0  # nothing open
+    else:
+        assert payment_cancel_open_charges_task(order.pk) == 1
+        deliver_callback()
+    payment = Payment.objects.get(pk=started["id"])
+    assert payment.status == Payment.Status.REFUNDED
+    assert Refund.objects.get(payment=payment).reason == "order_already_paid"
+    assert Charge.objects.get().status == Charge.Status.SUCCESS
+    assert ProviderEvent.objects.get().outcome == "payment refunded"
+    assert payment_cancel_open_charges_task(order.pk) == 0  # again: a no-op
+    assert_paid_once_from_the_balance(order, wallet, 5000)
+
+
+def test_the_cancel_task_retries_while_the_provider_is_down(provider, settings):
+    user, api, wallet = customer("carol", balance=5000)
+    order = place_order(user, amount=1200)
+    started = provider_pending(api, order)
+    assert pay(api, order, "balance").status_code == 201
+    live = settings.PAYMENT_PROVIDER_URL
+    settings.PAYMENT_PROVIDER_URL = f"http://127.0.0.1:{free_port()}/provider"
+    with pytest.raises(ProviderUnavailable):
+        payment_cancel_open_charges_task(order.pk)
+    assert issubclass(
+        ProviderUnavailable, payment_cancel_open_charges_task.autoretry_for
+    )
+    assert Payment.objects.get(pk=started["id"]).status == "pending"
+    assert Charge.objects.get().status == Charge.Status.PENDING
+    settings.PAYMENT_PROVIDER_URL = live
+    assert payment_cancel_open_charges_task(order.pk) == 1  # the retry
+    assert payment_cancel_open_charges_task(order.pk) == 0  # a redelivery
+    assert Payment.objects.get(pk=started["id"]).status == "cancelled"
+    assert Charge.objects.get().status == Charge.Status.CANCELLED
+    assert_paid_once_from_the_balance(order, wallet, 5000)
+
+
+def test_cancels_racing_a_confirmation_end_one_way(provider):
+    """Three cancel tasks (a redelivery, the re-drive) and the payer's Confirm at
+    the same instant: either the charge is cancelled and nothing is collected, or
+    the payer won and the money comes back once."""
+    user, api, wallet = customer("dora", balance=5000)
+    order = place_order(user, amount=900)
+    started = provider_pending(api, order)
+    tab = PayPage(started["pay_url"])
+    assert pay(api, order, "balance").status_code == 201
+
+    def work(i: int):
+        if i == 0:
+            return tab.confirm().status_code
+        return payment_cancel_open_charges_task(order.pk)
+
+    confirmed, *cancels = run_in_threads(4, work)
+    assert not any(isinstance(r, Exception) for r in cancels), cancels
+    payment = Payment.objects.get(pk=started["id"])
+    charge = Charge.objects.get()
+    if charge.status == Charge.Status.CANCELLED:
+        assert confirmed == 409
+        assert payment.status == Payment.Status.CANCELLED
+        assert not Notification.objects.exists() and not Refund.objects.exists()
+    else:
+        assert (confirmed, charge.status) == (303, Charge.Status.SUCCESS)
+        assert payment.status == Payment.Status.REFUNDED
+        assert Refund.objects.count() == 1
+    assert_paid_once_from_the_balance(order, wallet, 5000)
+    connection.close()
+
+
+def test_a_charge_opened_after_the_cancel_is_cancelled_too(provider, settings):
+    """The pay request stopped between its phases (the provider was down), the
+    order was paid from the balance and the cancel found no charge; the pay
+    request's retry then opens the charge, which is cancelled as soon as it is
+    recorded."""
+    user, api, wallet = customer("erin", balance=5000)
+    order = place_order(user, amount=1500)
+    key = new_key()
+    live = settings.PAYMENT_PROVIDER_URL
+    settings.PAYMENT_PROVIDER_URL = f"http://127.0.0.1:{free_port()}/provider"
+    assert pay(api, order, "provider", key).status_code == 503
+    assert IdempotencyRecord.objects.get(key=key).recovery_point == "payment_created"
+    settings.PAYMENT_PROVIDER_URL = live
+    assert pay(api, order, "balance").status_code == 201
+    assert payment_cancel_open_charges_task(order.pk) == 1  # no charge yet
+    provider_payment = Payment.objects.get(method="provider")
+    assert provider_payment.status == Payment.Status.CANCELLED
+    assert not Charge.objects.exists()
+
+    resumed = pay(api, order, "provider", key)  # phases 2 and 3 run now
+    assert resumed.status_code == 201, resumed.content
+    assert resumed.json()["status"] == "cancelled"
+    assert Charge.objects.get().status == Charge.Status.PENDING
+    payment_cancel_open_charges_task(order.pk)  # what its commit sent
+    assert Charge.objects.get().status == Charge.Status.CANCELLED
+    assert CANCELLED_NOTE in httpx.get(resumed.json()["pay_url"]).text
+    assert_paid_once_from_the_balance(order, wallet, 5000)
+
+
+def test_the_redrive_cancels_the_charge_of_an_order_that_no_longer_takes_money(
+    provider,
+):
+    user, api, wallet = customer("fay", balance=5000)
+    paid, cancelled = place_order(user, amount=700), place_order(user, amount=800)
+    by_order = {o.pk: provider_pending(api, o) for o in (paid, cancelled)}
+    assert pay(api, paid, "balance").status_code == 201  # its task never ran
+    order_cancel(order_id=cancelled.pk)
+    Payment.objects.update(created_at=timezone.now() - timedelta(hours=1))
+    for body in by_order.values():
+        assert payment_redrive(payment_id=body["id"]).status == "cancelled"
+    assert set(Charge.objects.values_list("status", flat=True)) == {"CANCELLED"}
+    assert_paid_once_from_the_balance(paid, wallet, 5000)
+
+
+def _hold_payment_lock(payment_id: int, release: threading.Event) -> threading.Thread:
+    locked = threading.Event()
+
+    def hold() -> None:
+        try:
+            with transaction.atomic():
+                Payment.objects.select_for_update().get(pk=payment_id)
+                locked.set()
+                release.wait(60)
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=hold)
+    thread.start()
+    assert locked.wait(10)
+    return thread
+
+
+def _worker_waits_on_the_payment() -> bool:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+            "AND query ILIKE %s",
+            ["%payments_payment%FOR UPDATE%"],
+        )
+        return cursor.fetchone()[0] > 0
+
+
+def test_a_cancel_task_killed_mid_way_is_redelivered(worker, provider):
+    """The worker is SIGKILLed after the provider cancelled the charge and before
+    our payment was marked: `acks_late` delivers the task again, the provider's
+    cancel answers the same, and the payment ends cancelled."""
+    user, api, wallet = customer("gus", balance=5000)
+    order = place_order(user, amount=2100)
+    started = provider_pending(api, order)
+    release = threading.Event()
+    holder = _hold_payment_lock(started["id"], release)
+    try:
+        assert pay(api, order, "balance").status_code == 201
+        wait_for(_worker_waits_on_the_payment, what="the task to block mid-way")
+        assert Charge.objects.get().status == Charge.Status.CANCELLED
+        assert Payment.objects.get(pk=started["id"]).status == "pending"
+        victim = pool_child(worker)
+        os.kill(victim, signal.SIGKILL)
+        wait_for(
+            lambda: children(worker.pid) not in ([], [victim]),
+            what="a fresh pool process",
+        )
+    finally:
+        release.set()
+        holder.join(10)
+    wait_for(
+        lambda: Payment.objects.get(pk=started["id"]).status == "cancelled",
+        what="the redelivered task",
+    )
+    assert Charge.objects.get().status == Charge.Status.CANCELLED
+    log = worker.log_path.read_text()
+    assert "WorkerLostError" in log or "signal 9" in log, log[-2000:]
+    assert_paid_once_from_the_balance(order, wallet, 5000)
