@@ -148,8 +148,10 @@ REST_FRAMEWORK = {
         "rest_framework.authentication.TokenAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
-    "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
-    "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
+    # DRF's, made safe for hostile input: the parser bounds nesting, the renderer
+    # cannot fail on a lone surrogate it echoes.
+    "DEFAULT_RENDERER_CLASSES": ["ledger.renderers.JSONRenderer"],
+    "DEFAULT_PARSER_CLASSES": ["ledger.parsers.JSONParser"],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "EXCEPTION_HANDLER": "ledger.problems.exception_handler",
     "UNAUTHENTICATED_USER": None,

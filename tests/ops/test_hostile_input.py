@@ -1,0 +1,183 @@
+"""Hostile input, on every endpoint that takes it: never a 5xx, always problem+json,
+nothing written."""
+
+import json
+
+import pytest
+
+from idempotency.jsonparse import MAX_DEPTH
+from idempotency.models import IdempotencyRecord
+from ledger.models import JournalEntry
+from orders.models import Order
+from payments.models import Payment, ProviderEvent, Refund
+from payments.services import payment_pay_with_balance
+from tests.orders.helpers import assert_problem, customer, new_key, place_order
+from tests.payments.helpers import event_body, pending_provider_payment, post_callback
+
+pytestmark = pytest.mark.django_db
+
+DEEP_ARRAY = b"[" * 3000 + b"]" * 3000  # 6 KB
+DEEP_OBJECT = b'{"a":' * 3000 + b"1" + b"}" * 3000
+TOO_DEEP = b"[" * (MAX_DEPTH + 1) + b"]" * (MAX_DEPTH + 1)
+
+
+class World:
+    """A customer with money, an order to pay, a paid one to refund, and their
+    counts, so a test can say "nothing was written"."""
+
+    def __init__(self) -> None:
+        self.user, self.client, self.wallet = customer("alice", balance=100_000)
+        self.order = place_order(self.user, amount=1000)
+        paid = place_order(self.user, amount=500)
+        self.payment = payment_pay_with_balance(order_id=paid.pk)
+        self.provider_payment = pending_provider_payment(
+            place_order(self.user, amount=700)
+        )
+        self.counts = self.count()
+
+    def count(self) -> dict[str, int]:
+        return {
+            "orders": Order.objects.count(),
+            "payments": Payment.objects.count(),
+            "refunds": Refund.objects.count(),
+            "entries": JournalEntry.objects.count(),
+            "events": ProviderEvent.objects.count(),
+            "paid": Order.objects.filter(status=Order.Status.PAID).count(),
+            "cancelled": Order.objects.filter(status=Order.Status.CANCELLED).count(),
+        }
+
+    def writes(self) -> list[str]:
+        """The path of every endpoint that reads a JSON body under a key."""
+        no = self.order.merchant_order_no
+        return [
+            "/api/v1/orders",
+            f"/api/v1/orders/{no}/pay",
+            f"/api/v1/payments/{self.payment.pk}/refund",
+        ]
+
+    def post(self, path: str, raw: bytes, key: str | None = None):
+        return self.client.generic(
+            "POST",
+            path,
+            raw,
+            content_type="application/json",
+            headers={"Idempotency-Key": key or new_key()},
+        )
+
+
+@pytest.fixture
+def world() -> World:
+    return World()
+
+
+# 2. JSON nested thousands deep ---------------------------------------------------
+
+
+@pytest.mark.parametrize("raw", [DEEP_ARRAY, DEEP_OBJECT, TOO_DEEP])
+def test_deep_nesting_is_malformed_json_on_every_write(world, raw):
+    for path in world.writes():
+        response = world.post(path, raw)
+        assert_problem(response, 400, "malformed_json")
+        assert "deeper than" in response.json()["detail"], path
+    assert world.count() == world.counts
+
+
+def test_deep_nesting_is_kept_or_not_under_its_key_as_any_malformed_json(world):
+    """Whatever the engine does with the key of a request refused for its form, a
+    body nested too deeply gets exactly that: it is malformed JSON like `{`."""
+    for path in world.writes():
+        deep, broken = new_key("deep"), new_key("broken")
+        assert world.post(path, DEEP_ARRAY, deep).status_code == 400
+        assert world.post(path, b"{", broken).status_code == 400
+        records = IdempotencyRecord.objects
+        assert records.filter(key=deep).exists() == records.filter(key=broken).exists()
+        again = world.post(path, DEEP_ARRAY, deep)
+        assert_problem(again, 400, "malformed_json")
+    assert world.count() == world.counts
+
+
+def test_deep_nesting_just_inside_the_bound_is_parsed(world):
+    nested = b'{"merchant_order_no": "1", "amount": 5, "x": ' + TOO_DEEP[2:-2] + b"}"
+    response = world.post("/api/v1/orders", nested)
+    problem = assert_problem(response, 400, "validation_error")
+    assert problem["errors"] == {"x": ["Unknown field."]}
+
+
+@pytest.mark.parametrize("raw", [DEEP_ARRAY, DEEP_OBJECT])
+def test_deep_nesting_on_the_endpoints_without_a_body_is_never_a_5xx(world, raw):
+    """Pre-order and cancel take no body: they ignore one, however deep, but its
+    fingerprint (the canonical form of the body) must not recurse either."""
+    preorder = world.post("/api/v1/preorders", raw)
+    assert preorder.status_code == 201, preorder.content
+    no = world.order.merchant_order_no
+    cancel = world.post(f"/api/v1/orders/{no}/cancel", raw)
+    assert cancel.status_code == 200, cancel.content
+
+
+@pytest.mark.parametrize("raw", [DEEP_ARRAY, DEEP_OBJECT])
+def test_deep_nesting_in_a_signed_callback_is_malformed_json(world, raw):
+    assert_problem(post_callback(raw), 400, "malformed_json")
+    assert world.count() == world.counts
+    payment = world.provider_payment
+    payment.refresh_from_db()
+    assert payment.status == Payment.Status.PENDING
+
+
+# 3. Lone surrogates, echoed in error messages -------------------------------------
+
+
+SURROGATE = "\ud800"
+
+
+def surrogate_cases(world: World) -> list[tuple[str, dict, str]]:
+    no = world.order.merchant_order_no
+    return [
+        (f"/api/v1/orders/{no}/pay", {"method": SURROGATE}, "method"),
+        (f"/api/v1/orders/{no}/pay", {"method": "balance", SURROGATE: 1}, SURROGATE),
+        (
+            "/api/v1/orders",
+            {"merchant_order_no": no, "amount": 1, SURROGATE: 1},
+            SURROGATE,
+        ),
+        (
+            "/api/v1/orders",
+            {"merchant_order_no": SURROGATE, "amount": 1},
+            "merchant_order_no",
+        ),
+        (
+            "/api/v1/orders",
+            {"merchant_order_no": no, "amount": 1, "description": SURROGATE},
+            "description",
+        ),
+        (
+            "/api/v1/orders",
+            {"merchant_order_no": no, "amount": 1, "currency": SURROGATE},
+            "currency",
+        ),
+        (f"/api/v1/payments/{world.payment.pk}/refund", {SURROGATE: "x"}, SURROGATE),
+        (
+            f"/api/v1/payments/{world.payment.pk}/refund",
+            {"reason": SURROGATE},
+            "reason",
+        ),
+    ]
+
+
+def test_a_lone_surrogate_is_a_validation_problem_that_echoes_it(world):
+    for path, body, field in surrogate_cases(world):
+        key = new_key()
+        response = world.post(path, json.dumps(body).encode(), key)
+        problem = assert_problem(response, 400, "validation_error")
+        # The answer names the field, a lone surrogate included, as JSON spells it.
+        assert field in problem["errors"], (path, problem)
+        again = world.post(path, json.dumps(body).encode(), key)
+        assert again.status_code == 400, again.content
+    assert world.count() == world.counts
+
+
+def test_a_lone_surrogate_in_a_signed_callback_is_a_validation_problem(world):
+    for field in ("event_id", "merchant_order_no", "provider_txn_id", "status"):
+        body = event_body(world.provider_payment, **{field: SURROGATE})
+        problem = assert_problem(post_callback(body), 400, "validation_error")
+        assert field in problem["errors"]
+    assert world.count() == world.counts
