@@ -11,6 +11,15 @@ from .exceptions import DomainError
 
 PROBLEM_CONTENT_TYPE = "application/problem+json"
 
+# The codes of answers made outside DRF's exception handler, by HTTP status: by the
+# error views below and the request limits (ledger.middleware).
+HTTP_CODES = {
+    400: "bad_request",
+    404: "not_found",
+    413: "payload_too_large",
+    500: "internal_error",
+}
+
 
 def problem(
     status_code: int, code: str, title: str, detail: str = "", **extra: Any

@@ -60,7 +60,9 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
-    # First: a retry of a finished request is answered from Redis in one round trip.
+    # First: no NUL in a URL, no body over DATA_UPLOAD_MAX_MEMORY_SIZE (404, 413).
+    "ledger.middleware.RequestLimitsMiddleware",
+    # A retry of a finished request is answered from Redis in one round trip.
     "idempotency.middleware.ReplayMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
@@ -72,6 +74,10 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
 ]
+
+# The largest request body the app reads, as nginx's `client_max_body_size 1m`;
+# a larger one is a 413 (ledger.middleware.RequestLimitsMiddleware).
+DATA_UPLOAD_MAX_MEMORY_SIZE = 1024 * 1024
 
 ROOT_URLCONF = "ledger.urls"
 WSGI_APPLICATION = "ledger.wsgi.application"

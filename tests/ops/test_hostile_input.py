@@ -181,3 +181,39 @@ def test_a_lone_surrogate_in_a_signed_callback_is_a_validation_problem(world):
         problem = assert_problem(post_callback(body), 400, "validation_error")
         assert field in problem["errors"]
     assert world.count() == world.counts
+
+
+# 4. NUL in a URL segment --------------------------------------------------------
+
+
+def nul_urls(world: World) -> list[tuple[str, str]]:
+    no = world.order.merchant_order_no
+    return [
+        ("POST", f"/api/v1/orders/{no}%00/pay"),
+        ("POST", "/api/v1/orders/%00/pay"),
+        ("POST", f"/api/v1/orders/{no}%00/cancel"),
+        ("POST", "/api/v1/orders/%00/cancel"),
+        ("GET", f"/api/v1/orders/{no}%00"),
+        ("GET", "/api/v1/orders/%00"),
+        ("GET", "/api/v1/idempotency-keys/a%00"),
+        ("GET", "/api/v1/idempotency-keys/%00"),
+        ("GET", "/api/v1/idempotency-keys/a/%00/b"),
+        ("POST", "/api/v1/payments/%00/refund"),
+        ("GET", "/api/v1/accounts/me/entries?cursor=%00"),
+        ("GET", f"/api/v1/orders/{no}?x=%00"),
+    ]
+
+
+def test_a_nul_in_the_url_is_not_found(world):
+    keys = IdempotencyRecord.objects.count()
+    for method, url in nul_urls(world):
+        response = world.client.generic(
+            method,
+            url,
+            b'{"method": "balance"}' if method == "POST" else b"",
+            content_type="application/json",
+            headers={"Idempotency-Key": new_key()},
+        )
+        assert_problem(response, 404, "not_found")
+    assert world.count() == world.counts
+    assert IdempotencyRecord.objects.count() == keys

@@ -191,6 +191,28 @@ def test_pay_without_enough_money_says_so(client):
     assert balance(wallet) == 100
 
 
+@pytest.mark.parametrize(
+    "url",
+    [
+        "/orders/{no}%00",
+        "/orders/%00",
+        "/orders/{no}%00/pay",
+        "/orders/{no}%00/cancel",
+        "/orders/new?token=%00",
+        "/orders/new?token={no}%00",
+    ],
+)
+def test_a_nul_in_the_url_is_not_found(client, shopper, url):
+    order = place_order(shopper[0])
+    url = url.format(no=order.merchant_order_no)
+    method = client.post if url.endswith(("/pay", "/cancel")) else client.get
+    answer = method(url)
+    assert answer.status_code == 404
+    assert answer["Content-Type"].startswith("text/html")
+    order.refresh_from_db()
+    assert order.status == Order.Status.PENDING_PAYMENT
+
+
 def test_cancel_from_the_order_page(client, shopper):
     user, _ = shopper
     order = place_order(user)
