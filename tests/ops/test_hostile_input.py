@@ -217,3 +217,39 @@ def test_a_nul_in_the_url_is_not_found(world):
         assert_problem(response, 404, "not_found")
     assert world.count() == world.counts
     assert IdempotencyRecord.objects.count() == keys
+
+
+# 7. Currencies the ledger does not hold -----------------------------------------
+
+
+@pytest.mark.parametrize("currency", ["ZZZ", "XXX", "JPY", "CNH", "BTC"])
+def test_an_unknown_currency_is_refused_and_named(world, currency):
+    no = world.client.post("/api/v1/preorders").json()["merchant_order_no"]
+    body = {"merchant_order_no": no, "amount": 100, "currency": currency}
+    response = world.post("/api/v1/orders", json.dumps(body).encode())
+    problem = assert_problem(response, 400, "validation_error")
+    assert list(problem["errors"]) == ["currency"]
+    assert "CNY" in problem["errors"]["currency"][0]
+    assert world.count() == world.counts
+
+
+@pytest.mark.parametrize("currency", ["CNY", "USD", "EUR"])
+def test_the_supported_currencies_are_taken(world, currency):
+    no = world.client.post("/api/v1/preorders").json()["merchant_order_no"]
+    body = {"merchant_order_no": no, "amount": 100, "currency": currency}
+    response = world.post("/api/v1/orders", json.dumps(body).encode())
+    assert response.status_code == 201, response.content
+    assert response.json()["currency"] == currency
+
+
+def test_the_order_service_refuses_an_unknown_currency_too(world):
+    from orders.services import order_create, preorder_create
+
+    preorder = preorder_create(owner=world.user)
+    with pytest.raises(ValueError, match="does not hold"):
+        order_create(
+            owner=world.user,
+            merchant_order_no=preorder.merchant_order_no,
+            amount=100,
+            currency="ZZZ",
+        )
