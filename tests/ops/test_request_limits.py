@@ -1,5 +1,7 @@
 """What a real gunicorn, started as `make run` starts it (the Procfile's `web:` line),
-answers to a body over the limit (413, problem+json) and to a chunked body.
+answers to requests no view may see: a body over the limit (413), a chunked body, and
+gunicorn's own refusals (a DEL in a header value, a request line over its limit), all
+problem+json.
 """
 
 import json
@@ -149,3 +151,30 @@ def test_a_chunked_body_within_the_limit_is_the_request_body(url):
     assert (
         Order.objects.get().merchant_order_no == json.loads(body)["merchant_order_no"]
     )
+
+
+@pytest.mark.parametrize(
+    ("request_line", "extra", "status", "code"),
+    [
+        # DEL in a header value: gunicorn refuses it before Django sees it.
+        (b"GET /healthz HTTP/1.1", b"X-Note: a\x7fb\r\n", 400, "bad_request"),
+        # A request line over gunicorn's 4094 bytes.
+        (b"GET /healthz?" + b"a" * 5000 + b" HTTP/1.1", b"", 414, "uri_too_long"),
+        # More header fields than gunicorn takes (100).
+        (
+            b"GET /healthz HTTP/1.1",
+            b"".join(b"X-H%d: 1\r\n" % i for i in range(101)),
+            431,
+            "request_header_fields_too_large",
+        ),
+    ],
+)
+def test_gunicorns_own_refusals_are_problems(url, request_line, extra, status, code):
+    answer = raw_exchange(
+        url,
+        request_line
+        + b"\r\nHost: 127.0.0.1\r\n"
+        + extra
+        + b"Connection: close\r\n\r\n",
+    )
+    assert_problem(*answer[:3], status, code)
