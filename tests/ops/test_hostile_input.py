@@ -1,13 +1,23 @@
 """Hostile input, on every endpoint that takes it: never a 5xx, always problem+json,
-nothing written."""
+nothing written.
+
+The classes of input here are also generated at random, with a live gunicorn, by the
+fuzzing in `test_schema_fuzzing.py` and in-process by the property below: JSON nested
+thousands deep, lone surrogates in values and in field names, NUL in every path
+segment and field, integers past 64 bits, currencies the ledger does not hold.
+"""
 
 import json
+from urllib.parse import quote
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from idempotency.jsonparse import MAX_DEPTH
 from idempotency.models import IdempotencyRecord
 from ledger.models import JournalEntry
+from ledger.openapi import problem_codes
 from orders.models import Order
 from payments.models import Payment, ProviderEvent, Refund
 from payments.services import payment_pay_with_balance
@@ -253,3 +263,89 @@ def test_the_order_service_refuses_an_unknown_currency_too(world):
             amount=100,
             currency="ZZZ",
         )
+
+
+# All of it at random, in process --------------------------------------------------
+
+
+def assert_problem_json(response) -> dict:
+    """Any 4xx answer: problem+json, whose `code` the schema documents."""
+    assert 400 <= response.status_code < 500, response.content[:300]
+    assert response["Content-Type"] == "application/problem+json"
+    body = json.loads(response.content)
+    assert {"type", "title", "status", "detail", "code"} <= set(body)
+    assert body["status"] == response.status_code
+    assert body["code"] in problem_codes(), body
+    return body
+
+
+hostile_text = st.one_of(
+    st.text(max_size=12),
+    st.sampled_from(["\x00", "a\x00b", SURROGATE, "\udfff", "x" + SURROGATE]),
+    st.text(alphabet=st.characters(categories=["Cs", "Cc"]), max_size=4),
+)
+huge_integers = st.one_of(
+    st.integers(min_value=2**63 - 2, max_value=2**64 + 2),
+    st.integers(min_value=-(2**64) - 2, max_value=-(2**63) + 2),
+    st.just(10**400),
+)
+hostile_values = st.recursive(
+    st.one_of(st.none(), st.booleans(), huge_integers, hostile_text),
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=3), st.dictionaries(hostile_text, inner, max_size=3)
+    ),
+    max_leaves=8,
+)
+
+
+def nest(value: bytes, depth: int) -> bytes:
+    return b"[" * depth + value + b"]" * depth
+
+
+@settings(
+    max_examples=120,
+    deadline=None,
+    database=None,
+    suppress_health_check=list(HealthCheck),
+)
+@given(
+    target=st.sampled_from(["order", "pay", "refund", "cancel", "detail", "key"]),
+    fields=st.dictionaries(
+        st.sampled_from(
+            [
+                *("merchant_order_no", "amount", "currency", "description"),
+                *("method", "reason", "x", SURROGATE, "\x00"),
+            ]
+        ),
+        hostile_values,
+        max_size=4,
+    ),
+    segment=st.one_of(st.none(), hostile_text),
+    depth=st.sampled_from([0, 0, MAX_DEPTH, MAX_DEPTH + 1, 5000]),
+)
+def test_no_hostile_input_gets_a_5xx_and_a_refusal_writes_nothing(
+    world, target, fields, segment, depth
+):
+    no = world.order.merchant_order_no
+    if segment is not None:  # the path segment, %-encoded as a client sends it
+        no = quote(segment.encode("utf-8", "surrogatepass"), safe="") or "%00"
+    raw = nest(json.dumps(fields).encode(), depth)
+    client = world.client
+    before = world.count()
+    match target:
+        case "order":
+            response = world.post("/api/v1/orders", raw)
+        case "pay":
+            response = world.post(f"/api/v1/orders/{no}/pay", raw)
+        case "refund":
+            response = world.post(f"/api/v1/payments/{world.payment.pk}/refund", raw)
+        case "cancel":
+            response = world.post(f"/api/v1/orders/{no}/cancel", raw)
+        case "detail":
+            response = client.get(f"/api/v1/orders/{no}")
+        case "key":
+            response = client.get(f"/api/v1/idempotency-keys/{no}")
+    assert response.status_code < 500, response.content[:300]
+    if response.status_code >= 400:  # refused: problem+json, and nothing written
+        assert_problem_json(response)
+        assert world.count() == before
