@@ -10,6 +10,8 @@ import json
 import re
 from typing import Any
 
+from . import jsonparse
+
 KEY_PATTERN = re.compile(r"[\x20-\x7e]{1,255}")
 
 
@@ -23,7 +25,9 @@ class Number(str):
 
 
 def _loads(raw: bytes) -> Any:
-    return json.loads(raw, parse_int=Number, parse_float=Number, parse_constant=Number)
+    return jsonparse.loads(
+        raw, parse_int=Number, parse_float=Number, parse_constant=Number
+    )
 
 
 def canonical(value: Any) -> str:
@@ -41,8 +45,9 @@ def canonical(value: Any) -> str:
 def canonical_body(raw: bytes) -> tuple[str, Any]:
     """Return (canonical text, parsed value) of a request body.
 
-    A body that is not JSON is fingerprinted as its raw bytes: the view will refuse it
-    anyway, and the same bytes must still replay the same refusal.
+    A body that is not JSON, or nests deeper than `jsonparse.MAX_DEPTH` (which
+    `canonical` could not walk), is fingerprinted as its raw bytes: the view will
+    refuse it anyway, and the same bytes must still get the same refusal.
     """
     if not raw.strip():
         return "", None

@@ -8,4 +8,4 @@ class LedgerConfig(AppConfig):
     def ready(self) -> None:
         # Connect the Celery task signals (metrics and the task log line) in every
         # process: web, worker and beat.
-        from . import metrics  # noqa: F401
+        from . import checks, metrics  # noqa: F401  (checks registers itself)

@@ -1,24 +1,33 @@
-"""One middleware for what operators see of every request: its id, metrics, log line.
+"""Middleware of the project: what operators see of every request, and what no
+request may carry.
 
-Outermost in MIDDLEWARE, so it times and counts everything, errors included. The
-request id is the caller's (or nginx's) `X-Request-ID` when it is sane, otherwise a
-fresh one; it is echoed in the response's `X-Request-ID`. The log line carries the
-idempotency key only as a SHA-256 prefix, never the key itself.
+`RequestLogMiddleware`, outermost in MIDDLEWARE, times and counts everything, errors
+included. The request id is the caller's (or nginx's) `X-Request-ID` when it is sane,
+otherwise a fresh one; it is echoed in the response's `X-Request-ID`. The log line
+carries the idempotency key only as a SHA-256 prefix, never the key itself.
+
+`RequestLimitsMiddleware`, next, refuses what no view could answer, before any view
+or the idempotency layer sees it (so nothing is stored under its key).
 """
 
+import io
 import logging
 import re
 import time
 import uuid
 from collections.abc import Callable
+from typing import Any
 
-from django.http import HttpRequest, HttpResponse
+from django.conf import settings
+from django.core.handlers.wsgi import LimitedStream
+from django.http import Http404, HttpRequest, HttpResponse
 from django.urls import Resolver404, resolve
 
 from idempotency import metrics as idempotency_metrics
 
 from . import metrics
 from .logging import key_digest
+from .problems import problem_response
 
 log = logging.getLogger("ledger.requests")
 REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}\Z")
@@ -86,3 +95,65 @@ class RequestLogMiddleware:
             },
         )
         return response
+
+
+class RequestLimitsMiddleware:
+    """Refuse a request no view can answer, before any of them runs.
+
+    * A NUL byte in the URL, in the path or the query string: `404`. No resource is
+      named so, and PostgreSQL text cannot hold NUL: the lookup a view made with it
+      would fail (a 500). One check here covers every route, present and future.
+    * A body over `DATA_UPLOAD_MAX_MEMORY_SIZE`: `413 payload_too_large`, having read
+      no more of it than the limit. `Content-Length` says so up front, and nothing is
+      read. A chunked body (no `Content-Length`; gunicorn passes it on as a stream
+      that Django would not read at all) is read up to the limit and one byte more,
+      then handed on as a body of known length if it fits.
+    """
+
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        if "\x00" in request.path_info or has_nul(request.META.get("QUERY_STRING")):
+            raise Http404("NUL in the URL")
+        limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+        if limit is not None and body_length(request, limit) > limit:
+            return problem_response(
+                413,
+                "payload_too_large",
+                "Payload too large",
+                f"The request body is larger than {limit} bytes.",
+            )
+        return self.get_response(request)
+
+
+def has_nul(query: str | None) -> bool:
+    if not query:
+        return False
+    return "\x00" in query or "%00" in query
+
+
+def body_length(request: HttpRequest, limit: int) -> int:
+    """The body's length as declared; of a chunked body, what was read of it."""
+    declared = request.META.get("CONTENT_LENGTH")
+    if declared:
+        try:
+            return int(declared)
+        except ValueError:
+            return 0  # so Django reads it too: as no body
+    encoding = request.META.get("HTTP_TRANSFER_ENCODING", "")
+    stream = request.META.get("wsgi.input")
+    if stream is None or "chunked" not in encoding.lower():
+        return 0
+    return read_chunked(request, stream, limit)
+
+
+def read_chunked(request: HttpRequest, stream: Any, limit: int) -> int:
+    """Read a chunked body up to `limit` + 1 bytes; if it fits, make it the request's
+    body, with a length, as Django reads one."""
+    body = stream.read(limit + 1)
+    if len(body) <= limit:
+        request.META["CONTENT_LENGTH"] = str(len(body))
+        readable = LimitedStream(io.BytesIO(body), len(body))
+        request._stream = readable  # type: ignore[assignment]
+    return len(body)

@@ -28,7 +28,7 @@ from rest_framework import serializers
 
 from idempotency.exceptions import ProblemError
 
-from .problems import _DRF_CODES, PROBLEM_CONTENT_TYPE
+from .problems import _DRF_CODES, HTTP_CODES, PROBLEM_CONTENT_TYPE
 
 IDEMPOTENCY_KEY = OpenApiParameter(
     "Idempotency-Key",
@@ -67,8 +67,9 @@ IDEMPOTENCY_CODES = {
     "idempotency_key_reused",
     "idempotency_unavailable",
 }
-# Codes rendered outside DRF's exception handler (ledger.problems views).
-EXTRA_CODES = {"not_found": 404, "internal_error": 500, "bad_request": 400}
+# Codes answered outside DRF's exception handler: the error views, the request limits,
+# gunicorn and nginx in front of the app (ledger.problems.HTTP_CODES).
+EXTRA_CODES = {code: status for status, code in HTTP_CODES.items()}
 
 
 def _subclasses(cls: type[ProblemError]) -> list[type[ProblemError]]:
@@ -209,7 +210,7 @@ class LedgerAutoSchema(AutoSchema):
         if "{" in self.path or self._has_parameter("cursor"):
             wanted.add(404)  # an unknown object, or a cursor that names none
         if writes:
-            wanted |= {409, 422}
+            wanted |= {409, 413, 422}  # 413: a body over the limit
         if idempotent:
             wanted |= {409, 422, 503}
         if not (writes or idempotent):

@@ -11,6 +11,23 @@ from idempotency.exceptions import ProblemError
 
 PROBLEM_CONTENT_TYPE = "application/problem+json"
 
+# The codes of answers made outside DRF's exception handler, by HTTP status: by the
+# error views below, the request limits (ledger.middleware), gunicorn's own refusals
+# (ledger.server_errors) and the bundled nginx (deploy/nginx.conf).
+HTTP_CODES = {
+    400: "bad_request",
+    404: "not_found",
+    413: "payload_too_large",
+    414: "uri_too_long",
+    417: "expectation_failed",
+    431: "request_header_fields_too_large",
+    500: "internal_error",
+    501: "not_implemented",
+    502: "bad_gateway",
+    503: "service_unavailable",
+    504: "gateway_timeout",
+}
+
 
 def problem(
     status_code: int, code: str, title: str, detail: str = "", **extra: Any

@@ -1,5 +1,4 @@
 from django.conf import settings
-from django.core.validators import RegexValidator
 from django.urls import reverse
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import serializers, status
@@ -12,6 +11,7 @@ from ledger.auth import authenticated
 
 from .fields import (
     MAX_AMOUNT,
+    CurrencyField,
     StrictCharField,
     StrictInputSerializer,
     StrictIntegerField,
@@ -19,10 +19,6 @@ from .fields import (
 from .models import MERCHANT_ORDER_NO_MAX_LENGTH, Order
 from .selectors import order_get
 from .services import order_cancel, order_create, preorder_create
-
-currency_code = RegexValidator(
-    r"^[A-Z]{3}\Z", "An ISO 4217 code: three upper-case letters."
-)
 
 
 class OrderOutputSerializer(serializers.Serializer):
@@ -80,7 +76,7 @@ class OrderCreateApi(APIView):
 
         merchant_order_no = StrictCharField(max_length=MERCHANT_ORDER_NO_MAX_LENGTH)
         amount = StrictIntegerField(min_value=1, max_value=MAX_AMOUNT)
-        currency = StrictCharField(required=False, validators=[currency_code])
+        currency = CurrencyField(required=False)
         description = StrictCharField(
             required=False, allow_blank=True, max_length=255, default=""
         )

@@ -6,7 +6,10 @@ and order numbers must not be guessed from the wrong type, so these refuse them.
 
 from typing import Any
 
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
+
+from ledger.currencies import SUPPORTED_CURRENCIES, currency_supported
 
 # Far above any real order, far below BIGINT: an absurd number is a 400, never a 500.
 MAX_AMOUNT = 10**15
@@ -30,6 +33,24 @@ class StrictCharField(serializers.CharField):
         if "\x00" in data:
             self.fail("invalid")
         return super().to_internal_value(data)
+
+
+@extend_schema_field({"type": "string", "enum": list(SUPPORTED_CURRENCIES)})
+class CurrencyField(StrictCharField):
+    """An ISO 4217 code the ledger supports; any other (`ZZZ`) names this field."""
+
+    default_error_messages = {
+        "unsupported": (
+            "Not a currency the ledger supports; use one of "
+            f"{', '.join(SUPPORTED_CURRENCIES)}."
+        )
+    }
+
+    def to_internal_value(self, data: Any) -> str:
+        code = super().to_internal_value(data)
+        if not currency_supported(code):
+            self.fail("unsupported")
+        return code
 
 
 class StrictInputSerializer(serializers.Serializer):

@@ -16,6 +16,7 @@ from django_fsm import ConcurrentTransition, can_proceed
 
 from idempotency.snowflake import next_snowflake
 from idempotency.sql import delete_in_batches, insert_unless_exists
+from ledger.currencies import currency_supported
 from ledger.exceptions import DomainError
 
 from .exceptions import (
@@ -58,6 +59,8 @@ def order_create(
     """
     if isinstance(amount, bool) or not isinstance(amount, int) or amount <= 0:
         raise ValueError("an order amount is a positive integer of minor units")
+    if not currency_supported(currency):
+        raise ValueError(f"the ledger does not hold {currency!r}")
     preorder = PreOrder.objects.filter(
         merchant_order_no=merchant_order_no, owner=owner
     ).first()

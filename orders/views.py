@@ -12,7 +12,7 @@ from django.utils.translation import gettext as _
 from django.views.decorators.http import require_GET, require_POST
 
 from ledger.auth import authenticated
-from ledger.exceptions import InsufficientFunds
+from ledger.exceptions import AccountNotActive, InsufficientFunds
 from ledger.selectors import account_postings
 from ledger.services import wallet_get_or_create
 from payments.exceptions import (
@@ -167,6 +167,11 @@ def order_pay(request: HttpRequest, merchant_order_no: str) -> HttpResponse:
         messages.error(request, _("This order was cancelled; it cannot be paid."))
     except InsufficientFunds:
         messages.error(request, _("Your balance is too low to pay this order."))
+    except AccountNotActive:
+        messages.error(
+            request,
+            _("Your wallet is frozen or closed, so it cannot pay; contact support."),
+        )
     else:
         messages.success(request, _("Paid. Thank you!"))
     return _to_order(order.merchant_order_no)

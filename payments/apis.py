@@ -1,5 +1,3 @@
-import json
-
 from django.conf import settings
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import exceptions, serializers, status
@@ -8,6 +6,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from idempotency import jsonparse
 from idempotency.decorators import idempotent
 from idempotency.engine import Phases
 from ledger.auth import authenticated
@@ -65,8 +64,10 @@ class OrderPayApi(APIView):
     def post(self, request: Request, merchant_order_no: str) -> Response:
         try:
             data = request.data
-        except exceptions.ParseError:
-            data = None  # the balance path refuses it, under the engine
+        except exceptions.ParseError as error:
+            # The balance path refuses it, under the engine. (DRF parses a body once:
+            # asked again, it would answer an empty body, "method is required".)
+            return self.pay_with_balance(request, merchant_order_no, malformed=error)
         if isinstance(data, dict) and data.get("method") == Payment.Method.PROVIDER:
             return self.pay_with_provider(request, merchant_order_no)
         return self.pay_with_balance(request, merchant_order_no)
@@ -80,7 +81,14 @@ class OrderPayApi(APIView):
         return order, serializer.validated_data["method"]
 
     @idempotent("orders.pay")
-    def pay_with_balance(self, request: Request, merchant_order_no: str) -> Response:
+    def pay_with_balance(
+        self,
+        request: Request,
+        merchant_order_no: str,
+        malformed: exceptions.ParseError | None = None,
+    ) -> Response:
+        if malformed is not None:
+            raise malformed
         order, method = self._input(request, merchant_order_no)
         payment = payment_create(order_id=order.pk, method=method)
         return Response(
@@ -207,8 +215,8 @@ class ProviderCallbackApi(APIView):
         )
         try:
             text = body.decode("utf-8")
-            data = json.loads(text)
-        except (UnicodeDecodeError, ValueError):
+            data = jsonparse.loads(text)
+        except ValueError:  # not UTF-8, not JSON, or nested too deeply
             raise exceptions.ParseError("The body is not valid UTF-8 JSON.") from None
         serializer = self.InputSerializer(data=data)
         serializer.is_valid(raise_exception=True)

@@ -9,7 +9,7 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
 
@@ -126,3 +126,61 @@ def redis_server() -> Iterator[tuple[str, subprocess.Popen]]:
         yield f"redis://127.0.0.1:{port}/0", process
     finally:
         stop(process)
+
+
+def raw_exchange(url: str, request: bytes, body_parts: Iterable[bytes] = ()):
+    """Speak HTTP/1.1 by hand, for requests a client library will not send: send
+    `request`, then `body_parts` for as long as the server has not answered; return
+    (status, headers with lower-case names, body, how many body bytes were sent)."""
+    host, port = url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as conn:
+        conn.sendall(request)
+        sent = 0
+        conn.settimeout(0.05)
+        data = b""
+        for part in body_parts:
+            with suppress(TimeoutError):  # has it answered already?
+                data += conn.recv(65536)
+            if data:
+                break
+            conn.sendall(part)
+            sent += len(part)
+        conn.settimeout(10)
+        while not complete(data):
+            chunk = conn.recv(65536)
+            if not chunk:
+                break
+            data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    headers = {}
+    for line in lines[1:]:
+        name, _, value = line.partition(":")
+        headers[name.strip().lower()] = value.strip()
+    if headers.get("transfer-encoding") == "chunked":
+        body = dechunk(body)
+    return int(lines[0].split()[1]), headers, body, sent
+
+
+def complete(data: bytes) -> bool:
+    """Has the whole answer arrived (the server may keep the connection open)?"""
+    head, found, body = data.partition(b"\r\n\r\n")
+    if not found:
+        return False
+    for line in head.lower().split(b"\r\n"):
+        if line.startswith(b"content-length:"):
+            return len(body) >= int(line.split(b":")[1])
+        if line.startswith(b"transfer-encoding:") and b"chunked" in line:
+            return body.endswith(b"0\r\n\r\n")
+    return False
+
+
+def dechunk(body: bytes) -> bytes:
+    decoded = b""
+    while body:
+        size, _, body = body.partition(b"\r\n")
+        length = int(size.split(b";")[0], 16)
+        decoded, body = decoded + body[:length], body[length + 2 :]
+        if not length:
+            break
+    return decoded

@@ -64,7 +64,9 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
-    # First: a retry of a finished request is answered from Redis in one round trip.
+    # First: no NUL in a URL, no body over DATA_UPLOAD_MAX_MEMORY_SIZE (404, 413).
+    "ledger.middleware.RequestLimitsMiddleware",
+    # A retry of a finished request is answered from Redis in one round trip.
     "idempotency.middleware.ReplayMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
@@ -76,6 +78,10 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
 ]
+
+# The largest request body the app reads, as nginx's `client_max_body_size 1m`;
+# a larger one is a 413 (ledger.middleware.RequestLimitsMiddleware).
+DATA_UPLOAD_MAX_MEMORY_SIZE = 1024 * 1024
 
 ROOT_URLCONF = "ledger.urls"
 WSGI_APPLICATION = "ledger.wsgi.application"
@@ -153,8 +159,10 @@ REST_FRAMEWORK = {
         "rest_framework.authentication.TokenAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
-    "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
-    "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
+    # DRF's, made safe for hostile input: the parser bounds nesting, the renderer
+    # cannot fail on a lone surrogate it echoes.
+    "DEFAULT_RENDERER_CLASSES": ["ledger.renderers.JSONRenderer"],
+    "DEFAULT_PARSER_CLASSES": ["ledger.parsers.JSONParser"],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "EXCEPTION_HANDLER": "ledger.problems.exception_handler",
     "UNAUTHENTICATED_USER": None,

@@ -1,11 +1,13 @@
-"""The gateway layer: deploy/nginx.conf never retries a POST upstream.
+"""The gateway layer: deploy/nginx.conf never retries a POST upstream, and every
+error answered outside the app is problem+json too.
 
 Debian's nginx runs the project's config (rendered with loopback ports and temporary
 paths) in front of two real gunicorns on the test database. Upstream A is the primary,
 B the backup nginx fails over to. A POST whose upstream stalls past
 `proxy_read_timeout`, or dies mid-request, gets 504/502 and is never sent to B; the
 client's retry with the same Idempotency-Key then makes exactly one deposit. A GET in
-the same situation does fail over to B.
+the same situation does fail over to B. nginx's own errors and gunicorn's own
+refusals are problem+json; the app's own problem bodies pass unchanged.
 """
 
 import json
@@ -25,8 +27,9 @@ import httpx
 import pytest
 from django.db import connection
 
+from ledger.openapi import problem_codes
 from tests.idempotency.conftest import Customer
-from tests.servers import ROOT, children, free_port, gunicorn, stop
+from tests.servers import ROOT, children, free_port, gunicorn, raw_exchange, stop
 
 NGINX = shutil.which("nginx") or "/usr/sbin/nginx"
 LEASE = 2  # seconds, the idempotency lease of the upstreams
@@ -165,6 +168,16 @@ def gateway(tmp_path: Path, read_timeout: int) -> Iterator[dict]:
 PHASED = "/test/phased-deposits"
 
 
+def assert_problem(answer: httpx.Response, status: int, code: str) -> dict:
+    assert answer.status_code == status, answer.text
+    assert answer.headers["Content-Type"] == "application/problem+json", answer.text
+    problem = answer.json()
+    assert {"type", "title", "status", "detail", "code"} <= set(problem)
+    assert (problem["status"], problem["code"]) == (status, code), problem
+    assert code in problem_codes()
+    return problem
+
+
 def post_deposit(
     url: str, customer: Customer, key: str, path: str = "/test/deposits", **body
 ) -> httpx.Response:
@@ -223,7 +236,7 @@ def test_stalled_post_is_not_retried_but_a_stalled_get_fails_over(tmp_path):
 
         assert get.status_code == 200
         assert get.headers["X-Request-ID"] == "get-1"
-        assert answers["post"].status_code == 504
+        assert_problem(answers["post"], 504, "gateway_timeout")
         assert answers["post"].headers["X-Request-ID"]  # made up by nginx
         entries = {entry["method"]: entry for entry in gateway_log(gw["log"], 2)}
         assert entries["POST"]["upstream_addr"] == gw["a"]  # tried once, on A only
@@ -262,7 +275,7 @@ def test_upstream_dying_mid_post_is_not_retried_and_the_retry_runs_once(tmp_path
         os.kill(worker, signal.SIGKILL)
         thread.join(timeout=30)
 
-        assert answers["post"].status_code == 502
+        assert_problem(answers["post"], 502, "bad_gateway")
         (entry,) = gateway_log(gw["log"], 1)
         assert entry["upstream_addr"] == gw["a"]  # B never saw the POST
         assert upstream_requests(gw["b_log"], "POST", PHASED) == []
@@ -285,3 +298,55 @@ def test_static_files_are_served_by_nginx_itself(tmp_path):
         assert answer.text == (ROOT / "static/css/app.css").read_text()
         for log in (gw["a_log"], gw["b_log"]):
             assert upstream_requests(log, "GET", "/static/css/app.css") == []
+
+
+def raw_problem(url: str, request: bytes, status: int, code: str) -> dict:
+    """A request httpx would not send as is (a DEL in a header, 10,000 bytes of URL)."""
+    got, headers, body, _ = raw_exchange(url, request)
+    assert got == status, body
+    assert headers["content-type"] == "application/problem+json", body
+    assert headers["x-request-id"], headers
+    problem = json.loads(body)
+    assert (problem["status"], problem["code"]) == (status, code), problem
+    assert {"type", "title", "detail"} <= set(problem) and code in problem_codes()
+    return problem
+
+
+def get(path: bytes, headers: bytes = b"") -> bytes:
+    return b"GET %s HTTP/1.1\r\nHost: gw\r\n%sConnection: close\r\n\r\n" % (
+        path,
+        headers,
+    )
+
+
+def test_errors_outside_the_app_are_problems_and_the_apps_pass_unchanged(tmp_path):
+    alice = Customer("alice")
+    with gateway(tmp_path, read_timeout=30) as gw:
+        url = gw["url"]
+        # nginx's own: a body over client_max_body_size, a request line over its
+        # buffers, a header over them, a request it cannot read.
+        big = httpx.post(f"{url}/api/v1/orders", content=b"x" * (2 << 20), timeout=30)
+        assert_problem(big, 413, "payload_too_large")
+        raw_problem(url, get(b"/healthz?" + b"a" * 10_000), 414, "uri_too_long")
+        raw_problem(
+            url,
+            get(b"/healthz", b"X-Big: " + b"a" * 10_000 + b"\r\n"),
+            400,
+            "bad_request",
+        )
+        raw_problem(
+            url,
+            b"GET /healthz HTTP/1.1\r\nHost: gw\r\nHost: gw\r\n\r\n",
+            400,
+            "bad_request",
+        )
+        # gunicorn's own, passed through: a DEL in a header value, a request line
+        # nginx reads but gunicorn does not (over 4094 bytes).
+        raw_problem(url, get(b"/healthz", b"X-Note: a\x7fb\r\n"), 400, "bad_request")
+        raw_problem(url, get(b"/healthz?" + b"a" * 5000), 414, "uri_too_long")
+        # The app's own problem bodies, not replaced by nginx's.
+        missing = post_deposit(url, alice, key="")
+        assert_problem(missing, 400, "idempotency_key_invalid")
+        invalid = post_deposit(url, alice, f"gw-{uuid.uuid4()}", amount="lots")
+        assert assert_problem(invalid, 400, "validation_error")["errors"]["amount"]
+        assert alice.deposits() == 0

@@ -6,7 +6,8 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from ledger.models import Posting
+from ledger.models import Account, Posting
+from ledger.services import account_close, account_freeze
 from orders.models import Order, PreOrder
 from payments.models import Payment
 from tests.orders.helpers import balance, customer, place_order
@@ -189,6 +190,47 @@ def test_pay_without_enough_money_says_so(client):
     page = client.get(f"/orders/{order.merchant_order_no}")
     assert "Your balance is too low to pay this order." in messages_of(page)
     assert balance(wallet) == 100
+
+
+@pytest.mark.parametrize("stop", [account_freeze, account_close])
+def test_pay_from_a_frozen_or_closed_wallet_says_so(client, shopper, stop):
+    user, wallet = shopper
+    order = place_order(user, amount=2500)
+    stop(account_id=wallet.pk)
+    url = f"/orders/{order.merchant_order_no}"
+    answer = client.post(f"{url}/pay")
+    assert answer.status_code == 303 and answer["Location"] == url
+    assert (
+        "Your wallet is frozen or closed, so it cannot pay; contact support."
+        in messages_of(client.get(url))
+    )
+    assert balance(wallet) == 10_000
+    assert not Payment.objects.filter(status=Payment.Status.SUCCEEDED).exists()
+    order.refresh_from_db()
+    assert order.status == Order.Status.PENDING_PAYMENT
+    assert Account.objects.get(pk=wallet.pk).status != Account.Status.ACTIVE
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "/orders/{no}%00",
+        "/orders/%00",
+        "/orders/{no}%00/pay",
+        "/orders/{no}%00/cancel",
+        "/orders/new?token=%00",
+        "/orders/new?token={no}%00",
+    ],
+)
+def test_a_nul_in_the_url_is_not_found(client, shopper, url):
+    order = place_order(shopper[0])
+    url = url.format(no=order.merchant_order_no)
+    method = client.post if url.endswith(("/pay", "/cancel")) else client.get
+    answer = method(url)
+    assert answer.status_code == 404
+    assert answer["Content-Type"].startswith("text/html")
+    order.refresh_from_db()
+    assert order.status == Order.Status.PENDING_PAYMENT
 
 
 def test_cancel_from_the_order_page(client, shopper):

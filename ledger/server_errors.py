@@ -1,0 +1,45 @@
+"""gunicorn's own refusals, answered as problem+json like every other error.
+
+gunicorn refuses some requests before Django sees them: a header value with a control
+character (DEL, for one), a request line over its limit (414), too many or too long
+headers (431), a broken chunked body. It answers each with a little HTML page, all
+written by one function, `gunicorn.util.write_error`. `install()`, called by
+`ledger.wsgi` in every process that serves the app, puts `write_problem` in its place:
+the same status, reason and message, as RFC 9457 problem details with a stable `code`
+(`ledger.problems.HTTP_CODES`), whether or not nginx stands in front.
+
+What no writer can change: a connection gunicorn drops without an answer (a client
+that stops sending, a worker killed for its timeout) stays dropped; behind nginx that
+is nginx's 502 or 504, problem+json too (deploy/nginx.conf).
+"""
+
+import json
+
+from .problems import HTTP_CODES, problem
+
+
+def write_problem(sock: object, status_int: int, reason: str, mesg: str) -> None:
+    """`gunicorn.util.write_error`, with a problem+json body instead of HTML."""
+    from gunicorn import util
+
+    fallback = "bad_request" if status_int < 500 else "internal_error"
+    code = HTTP_CODES.get(status_int, fallback)
+    # ASCII only: gunicorn's message may quote what the client sent.
+    body = json.dumps(problem(status_int, code, reason, mesg)).encode("ascii")
+    head = (
+        f"HTTP/1.1 {status_int} {reason}\r\n"
+        "Connection: close\r\n"
+        "Content-Type: application/problem+json\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    )
+    util.write_nonblock(sock, head.encode("latin-1") + body)
+
+
+def install() -> None:
+    """Make gunicorn, if it is what serves this process, answer its refusals as
+    problem+json."""
+    try:
+        from gunicorn import util
+    except ImportError:  # served by something else
+        return
+    util.write_error = write_problem

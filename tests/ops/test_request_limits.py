@@ -1,0 +1,180 @@
+"""What a real gunicorn, started as `make run` starts it (the Procfile's `web:` line),
+answers to requests no view may see: a body over the limit (413), a chunked body, and
+gunicorn's own refusals (a DEL in a header value, a request line over its limit), all
+problem+json.
+"""
+
+import json
+import shlex
+import time
+import uuid
+from collections.abc import Iterator
+
+import httpx
+import pytest
+from django.conf import settings
+
+from idempotency.models import IdempotencyRecord
+from ledger.openapi import problem_codes
+from orders.models import Order
+from tests.idempotency.conftest import Customer
+from tests.servers import ROOT, gunicorn, raw_exchange
+
+pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+
+LIMIT = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+
+
+def procfile_web() -> tuple[int, dict[str, str]]:
+    """The workers and the other options of the Procfile's gunicorn, as
+    `tests.servers.gunicorn` takes them (it binds and logs by itself)."""
+    (line,) = [
+        line
+        for line in (ROOT / "Procfile").read_text().splitlines()
+        if line[:4] == "web:"
+    ]
+    args = shlex.split(line.split(":", 1)[1])
+    args = args[args.index("ledger.wsgi") + 1 :]
+    workers, options = 1, []
+    while args:
+        name = args.pop(0)
+        value = args.pop(0) if args and not args[0].startswith("-") else ""
+        if name == "--workers":
+            workers = int(value)
+        elif name != "--bind":
+            options += [name, value] if value else [name]
+    return workers, {"GUNICORN_CMD_ARGS": shlex.join(options)}
+
+
+@pytest.fixture(scope="module")
+def url(django_db_setup, tmp_path_factory) -> Iterator[str]:
+    """One gunicorn for the module, on the test database."""
+    workers, env = procfile_web()
+    tmp = tmp_path_factory.mktemp("limits")
+    with gunicorn(tmp, "ledger.settings.test", workers=workers, **env) as (url, _):
+        yield url
+
+
+def assert_problem(status: int, headers: dict, body: bytes, expected: int, code: str):
+    assert status == expected, body
+    assert headers["content-type"] == "application/problem+json", (headers, body)
+    problem = json.loads(body)
+    assert {"type", "title", "status", "detail", "code"} <= set(problem)
+    assert (problem["status"], problem["code"]) == (expected, code), problem
+    assert code in problem_codes()
+
+
+def order_body(customer: Customer, url: str, description: str = "Tea") -> bytes:
+    answer = httpx.post(
+        f"{url}/api/v1/preorders",
+        headers={"Authorization": f"Token {customer.token}"},
+        timeout=10,
+    )
+    no = answer.json()["merchant_order_no"]
+    body = {"merchant_order_no": no, "amount": 100, "description": description}
+    return json.dumps(body).encode()
+
+
+def post_order(customer: Customer, url: str, content, key: str) -> httpx.Response:
+    return httpx.post(
+        f"{url}/api/v1/orders",
+        content=content,
+        headers={
+            "Authorization": f"Token {customer.token}",
+            "Idempotency-Key": key,
+            "Content-Type": "application/json",
+        },
+        timeout=30,
+    )
+
+
+def test_a_body_over_the_limit_is_413_and_its_key_stays_free(url):
+    alice = Customer("alice")
+    for _ in range(3):  # an answer every time, never a dropped connection
+        key = f"big-{uuid.uuid4()}"
+        big = order_body(alice, url, description="x" * 3_000_000)
+        answer = post_order(alice, url, big, key)
+        assert_problem(
+            answer.status_code,
+            dict(answer.headers),
+            answer.content,
+            413,
+            "payload_too_large",
+        )
+        # Refused before the view: nothing stored under the key, which the
+        # corrected request may use.
+        assert not IdempotencyRecord.objects.filter(key=key).exists()
+        fixed = post_order(alice, url, order_body(alice, url), key)
+        assert fixed.status_code == 201, fixed.content
+        assert "Idempotent-Replayed" not in fixed.headers
+    assert Order.objects.count() == 3
+
+
+def test_a_declared_length_over_the_limit_is_refused_before_the_body_is_read(url):
+    alice = Customer("alice")
+    started = time.monotonic()
+    status, headers, body, _ = raw_exchange(
+        url,
+        b"POST /api/v1/orders HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+        b"Authorization: Token " + alice.token.encode() + b"\r\n"
+        b"Idempotency-Key: k-1\r\nContent-Type: application/json\r\n"
+        b"Content-Length: 3000000\r\n\r\n",  # and not one byte of it
+    )
+    assert_problem(status, headers, body, 413, "payload_too_large")
+    assert time.monotonic() - started < 5
+
+
+def test_a_chunked_body_is_read_up_to_the_limit_only(url):
+    alice = Customer("alice")
+    piece = b"x" * 65536
+    chunks = (b"%x\r\n%s\r\n" % (len(piece), piece) for _ in range(10 * LIMIT // 65536))
+    status, headers, body, sent = raw_exchange(
+        url,
+        b"POST /api/v1/orders HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+        b"Authorization: Token " + alice.token.encode() + b"\r\n"
+        b"Idempotency-Key: k-2\r\nContent-Type: application/json\r\n"
+        b"Transfer-Encoding: chunked\r\n\r\n",
+        chunks,
+    )
+    assert_problem(status, headers, body, 413, "payload_too_large")
+    # It answered once it had read past the limit, long before the end.
+    assert LIMIT < sent < 5 * LIMIT
+    assert not IdempotencyRecord.objects.exists()
+
+
+def test_a_chunked_body_within_the_limit_is_the_request_body(url):
+    alice = Customer("alice")
+    body = order_body(alice, url)
+    pieces = iter([body[:10], body[10:]])  # httpx sends an iterator chunked
+    answer = post_order(alice, url, pieces, f"chunked-{uuid.uuid4()}")
+    assert answer.status_code == 201, answer.content
+    assert (
+        Order.objects.get().merchant_order_no == json.loads(body)["merchant_order_no"]
+    )
+
+
+@pytest.mark.parametrize(
+    ("request_line", "extra", "status", "code"),
+    [
+        # DEL in a header value: gunicorn refuses it before Django sees it.
+        (b"GET /healthz HTTP/1.1", b"X-Note: a\x7fb\r\n", 400, "bad_request"),
+        # A request line over gunicorn's 4094 bytes.
+        (b"GET /healthz?" + b"a" * 5000 + b" HTTP/1.1", b"", 414, "uri_too_long"),
+        # More header fields than gunicorn takes (100).
+        (
+            b"GET /healthz HTTP/1.1",
+            b"".join(b"X-H%d: 1\r\n" % i for i in range(101)),
+            431,
+            "request_header_fields_too_large",
+        ),
+    ],
+)
+def test_gunicorns_own_refusals_are_problems(url, request_line, extra, status, code):
+    answer = raw_exchange(
+        url,
+        request_line
+        + b"\r\nHost: 127.0.0.1\r\n"
+        + extra
+        + b"Connection: close\r\n\r\n",
+    )
+    assert_problem(*answer[:3], status, code)
