@@ -10,6 +10,9 @@ class PayApi(APIView):
     def post(self, request, merchant_order_no, idem: Phases): ...
 ```
 
+`phased` may also be a function of the request (`phased=pays_with_provider`); a body
+that it cannot parse is refused for its form before the engine runs.
+
 Each endpoint is `"required"` (the default: no key, no service), `"optional"` (a
 request without a key runs without the layer; one with a key gets all of it) or
 `"off"`; `default=` sets it in code and the setting `IDEMPOTENCY_ENDPOINTS` (endpoint
@@ -79,17 +82,40 @@ def describe(request: Request, endpoint: str, default: str = "required") -> Call
 
 
 def idempotent(
-    endpoint: str, *, phased: bool = False, default: str = "required"
+    endpoint: str,
+    *,
+    phased: bool | Callable[[Request], bool] = False,
+    default: str = "required",
 ) -> Callable:
-    """Make a DRF view method take effect at most once per user and key."""
+    """Make a DRF view method take effect at most once per user and key.
+
+    `phased` may be a function of the request, for an endpoint whose mode depends on
+    what is asked (a payment that calls the provider runs in phases, one from the
+    wallet in one transaction); it sees the parsed body.
+    """
 
     def decorate(method: Callable[..., Any]) -> Callable[..., Any]:
         @wraps(method)
         def wrapper(view: APIView, request: Request, *args: Any, **kwargs: Any) -> Any:
+            def respond(response: Any) -> HttpResponse:
+                # Render now: the engine stores the exact bytes the client receives.
+                response = view.finalize_response(request, response, *args, **kwargs)
+                if hasattr(response, "render"):
+                    response.render()
+                return response
+
             call = describe(request, endpoint, default)
+            if callable(phased):  # the mode depends on the body: parse it first
+                try:
+                    in_phases = phased(request)
+                except (exceptions.ParseError, exceptions.UnsupportedMediaType) as exc:
+                    # Refused for its form before the engine runs: nothing stored.
+                    return respond(view.handle_exception(exc))
+            else:
+                in_phases = phased
 
             def run(phases: Phases | None) -> HttpResponse:
-                extra = {"idem": phases} if phased else {}
+                extra = {"idem": phases} if in_phases else {}
                 try:
                     response = method(view, request, *args, **kwargs, **extra)
                 except Exception as exc:
@@ -98,17 +124,13 @@ def idempotent(
                     response = view.handle_exception(exc)
                     if isinstance(exc, FORM_ERRORS):
                         refuse_form(response)
-                # Render now: the engine stores the exact bytes the client receives.
-                response = view.finalize_response(request, response, *args, **kwargs)
-                if hasattr(response, "render"):
-                    response.render()
-                return response
+                return respond(response)
 
             if call is None:
                 return run(None)
             taken = getattr(request._request, FAST_PATH, None)
             wait = preferred_wait(request.headers.get("Prefer"))
-            return execute(call, run, phased=phased, taken=taken, wait=wait)
+            return execute(call, run, phased=in_phases, taken=taken, wait=wait)
 
         # Read by the OpenAPI schema (ledger.openapi) to document the header.
         wrapper.idempotency = {  # type: ignore[attr-defined]

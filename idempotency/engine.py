@@ -37,6 +37,7 @@ import redis as redis_lib
 from django.conf import settings
 from django.db import transaction
 from django.http import HttpResponse
+from django.utils import timezone
 
 from . import fastpath, metrics, records, waiting
 from .exceptions import (
@@ -99,6 +100,21 @@ class Phases:
             if renewed is None:
                 raise LeaseLost(f"lost the lease on record {self.record_id}")
         self.recovery_point, self.locked_until = name, renewed
+
+    @classmethod
+    def unrecorded(cls) -> "Phases":
+        """Phases with no key record behind them, for a caller that is its own entry
+        point (a web view): each phase is a durable transaction of its own, and the
+        work, written to be repeated, continues where it stopped when called again."""
+        return _Unrecorded(0, "started", {}, timezone.now())
+
+
+class _Unrecorded(Phases):
+    @contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        with transaction.atomic(durable=True):
+            yield
+        self.recovery_point = name
 
 
 Run = Callable[[Phases | None], HttpResponse]

@@ -1,4 +1,5 @@
 from django.contrib import admin, messages
+from django.db import transaction
 from django.db.models import QuerySet
 from django.http import HttpRequest
 from django_fsm import TransitionNotAllowed
@@ -55,7 +56,8 @@ class AccountAdmin(admin.ModelAdmin):
     def _transition(self, request: HttpRequest, queryset: QuerySet, service) -> None:
         for account in queryset.order_by("pk"):
             try:
-                service(account_id=account.pk)
+                with transaction.atomic(durable=True):
+                    service(account_id=account.pk)
             except TransitionNotAllowed:
                 self.message_user(
                     request,

@@ -7,9 +7,9 @@ Read at `/metrics` together with the idempotency counters (`idempotency.metrics`
   raw path, so ids do not explode the series); `route="unmatched"` for 404s.
 - `celery_tasks_total{task, outcome}` (`succeeded`, `failed`, `retried`) and
   `celery_task_duration_seconds{task}`.
-- `payments_callback_inbox_depth`: provider events received and not yet processed,
-  and `payments_provider_events_parked`: provider events parked after failing (an
-  operator must re-drive them), both read from the database at scrape time.
+- what the apps read from the database at scrape time (`register_scrape_collector`):
+  `payments_callback_inbox_depth` and `payments_provider_events_parked`
+  (`payments.metrics`).
 
 With PROMETHEUS_MULTIPROC_DIR set (an empty directory; `make run` sets and empties one
 in the data folder) every web worker and every Celery process writes its samples
@@ -19,12 +19,10 @@ there and `/metrics` sums them: one figure per host.
 import logging
 import os
 import time
-from collections.abc import Iterator
 from typing import Any
 
 from celery import signals
 from prometheus_client import Counter, Histogram
-from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 http_requests = Counter(
@@ -50,40 +48,13 @@ task_log = logging.getLogger("ledger.tasks")
 _started: dict[str, float] = {}
 
 
-class InboxDepthCollector(Collector):
-    """Provider events waiting to be processed, and those parked after failing,
-    counted when Prometheus scrapes."""
+# Collectors that read the database when Prometheus scrapes (not per-process
+# samples): each app registers its own (`payments.metrics`), and `/metrics` asks them.
+SCRAPE_COLLECTORS: list[Collector] = []
 
-    def collect(self) -> Iterator[GaugeMetricFamily]:
-        try:
-            from django.db.models import Count, Q
 
-            from payments.models import ProviderEvent
-        except ImportError:  # no inbox in this build
-            return
-        status = ProviderEvent.Status
-        try:
-            counts = ProviderEvent.objects.filter(
-                status__in=[status.RECEIVED, status.PARKED]
-            ).aggregate(
-                received=Count("pk", filter=Q(status=status.RECEIVED)),
-                parked=Count("pk", filter=Q(status=status.PARKED)),
-            )
-        except Exception:  # the database is down: say nothing rather than fail
-            return
-        depth = GaugeMetricFamily(
-            "payments_callback_inbox_depth",
-            "Provider callbacks stored and not yet processed.",
-        )
-        depth.add_metric([], counts["received"])
-        yield depth
-        parked = GaugeMetricFamily(
-            "payments_provider_events_parked",
-            "Provider callbacks parked after failing PROVIDER_EVENT_MAX_ATTEMPTS "
-            "times; an operator must re-drive them.",
-        )
-        parked.add_metric([], counts["parked"])
-        yield parked
+def register_scrape_collector(collector: Collector) -> None:
+    SCRAPE_COLLECTORS.append(collector)
 
 
 def _task_name(sender: Any) -> str:

@@ -88,7 +88,7 @@ def _same_movement(entry: JournalEntry, legs: list[Leg]) -> bool:
     return recorded == legs
 
 
-@transaction.atomic
+@transaction.atomic(savepoint=False)
 def ledger_post(
     *,
     reference: str,
@@ -209,7 +209,7 @@ def ledger_transfer(
     )
 
 
-@transaction.atomic
+@transaction.atomic(savepoint=False)
 def wallet_top_up(*, account_id: int, at_least: int) -> JournalEntry | None:
     """Deposit whatever brings the wallet up to `at_least`; nothing if it has that.
 
@@ -229,7 +229,7 @@ def wallet_top_up(*, account_id: int, at_least: int) -> JournalEntry | None:
 
 
 def _account_transition(account_id: int, name: str) -> Account:
-    with transaction.atomic():
+    with transaction.atomic(savepoint=False):
         account = Account.objects.select_for_update().get(pk=account_id)
         getattr(account, name)()
         account.save(update_fields=["status"])

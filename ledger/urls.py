@@ -24,6 +24,7 @@ urlpatterns = [
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="docs"),
     path("", include("orders.urls")),
+    path("", include("payments.urls")),  # an order's page and its Pay button
 ]
 
 handler400 = "ledger.problems.bad_request"

@@ -55,7 +55,7 @@ def metrics(request: HttpRequest) -> HttpResponse:
     import prometheus_client
     from prometheus_client import multiprocess
 
-    from .metrics import InboxDepthCollector
+    from .metrics import SCRAPE_COLLECTORS
 
     registry = prometheus_client.REGISTRY
     if "PROMETHEUS_MULTIPROC_DIR" in os.environ:
@@ -63,7 +63,8 @@ def metrics(request: HttpRequest) -> HttpResponse:
         multiprocess.MultiProcessCollector(registry)
     # Read from the database now, in this process: not a per-process sample.
     database = prometheus_client.CollectorRegistry(auto_describe=False)
-    database.register(InboxDepthCollector())
+    for collector in SCRAPE_COLLECTORS:
+        database.register(collector)
     return HttpResponse(
         prometheus_client.generate_latest(registry)
         + prometheus_client.generate_latest(database),

@@ -1,25 +1,13 @@
 from django.contrib import admin, messages
+from django.db import transaction
 from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.utils.translation import gettext_lazy as _
 
 from ledger.exceptions import DomainError
-from payments.models import Payment
 
 from . import services
 from .models import Order, PreOrder
-
-
-class PaymentInline(admin.TabularInline):
-    model = Payment
-    fields = ("id", "method", "amount", "currency", "status", "created_at")
-    readonly_fields = fields
-    extra = 0
-    can_delete = False
-    show_change_link = True
-
-    def has_add_permission(self, request: HttpRequest, obj=None) -> bool:
-        return False
 
 
 @admin.register(Order)
@@ -53,7 +41,6 @@ class OrderAdmin(admin.ModelAdmin):
         "paid_at",
     )
     fields = readonly_fields
-    inlines = (PaymentInline,)
     actions = ("cancel", "ship", "complete")
 
     def has_add_permission(self, request: HttpRequest) -> bool:
@@ -72,7 +59,8 @@ class OrderAdmin(admin.ModelAdmin):
         moved = 0
         for order in queryset.order_by("pk"):
             try:
-                service(order_id=order.pk)
+                with transaction.atomic(durable=True):  # one order, one transaction
+                    service(order_id=order.pk)
             except DomainError as exc:
                 self.message_user(request, exc.detail, messages.WARNING)
             else:

@@ -39,3 +39,17 @@ class OrderTransitionNotAllowed(DomainError):
     status = 409
     code = "order_transition_not_allowed"
     title = "Order cannot move to that state"
+
+
+class OrderAlreadyPaid(DomainError):
+    status = 409
+    code = "order_already_paid"
+    title = "Order already paid"
+    default_detail = "This order was already paid; it was not charged again."
+
+
+class OrderNotPayable(DomainError):
+    status = 409
+    code = "order_not_payable"
+    title = "Order cannot be paid"
+    default_detail = "This order was cancelled; it can no longer be paid."

@@ -39,6 +39,27 @@ class PreOrder(models.Model):
         return self.expires_at <= timezone.now()
 
 
+class OrderStatus(models.IntegerChoices):
+    PENDING_PAYMENT = 10, _("Pending payment")
+    PAID = 20, _("Paid")
+    SHIPPED = 30, _("Shipped")
+    COMPLETED = 40, _("Completed")
+    CANCELLED = 90, _("Cancelled")
+    REFUNDED = 95, _("Refunded")
+
+
+# The state machine's sets of states, named once (the transitions below and the
+# services' conditional updates both use them).
+PAYABLE_STATES = [OrderStatus.PENDING_PAYMENT]
+PAID_STATES = [
+    OrderStatus.PAID,
+    OrderStatus.SHIPPED,
+    OrderStatus.COMPLETED,
+    OrderStatus.REFUNDED,
+]
+REFUNDABLE_STATES = [OrderStatus.PAID, OrderStatus.SHIPPED, OrderStatus.COMPLETED]
+
+
 class Order(ConcurrentTransitionMixin, models.Model):
     """An order moves only forward through its integer states.
 
@@ -47,13 +68,7 @@ class Order(ConcurrentTransitionMixin, models.Model):
     <the status we read>`, so two concurrent transitions cannot both win.
     """
 
-    class Status(models.IntegerChoices):
-        PENDING_PAYMENT = 10, _("Pending payment")
-        PAID = 20, _("Paid")
-        SHIPPED = 30, _("Shipped")
-        COMPLETED = 40, _("Completed")
-        CANCELLED = 90, _("Cancelled")
-        REFUNDED = 95, _("Refunded")
+    Status = OrderStatus
 
     owner = models.ForeignKey(
         settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="orders"
@@ -97,8 +112,13 @@ class Order(ConcurrentTransitionMixin, models.Model):
         """The status as the API spells it: `pending_payment`, `paid`, ..."""
         return self.Status(self.status).name.lower()
 
+    @property
+    def is_paid(self) -> bool:
+        """Money was taken for it (whatever happened after: shipped, refunded...)."""
+        return self.status in PAID_STATES
+
     # Transitions only declare the legal edges; services save them. No I/O here.
-    @transition(field=status, source=Status.PENDING_PAYMENT, target=Status.PAID)
+    @transition(field=status, source=PAYABLE_STATES, target=Status.PAID)
     def pay(self) -> None:
         pass
 
@@ -114,10 +134,6 @@ class Order(ConcurrentTransitionMixin, models.Model):
     def cancel(self) -> None:
         pass
 
-    @transition(
-        field=status,
-        source=[Status.PAID, Status.SHIPPED, Status.COMPLETED],
-        target=Status.REFUNDED,
-    )
+    @transition(field=status, source=REFUNDABLE_STATES, target=Status.REFUNDED)
     def refund(self) -> None:
         pass

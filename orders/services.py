@@ -22,10 +22,12 @@ from ledger.exceptions import DomainError
 from .exceptions import (
     DuplicateOrder,
     MerchantOrderNoUnknown,
+    OrderAlreadyPaid,
     OrderNotCancellable,
+    OrderNotPayable,
     OrderTransitionNotAllowed,
 )
-from .models import Order, PreOrder
+from .models import PAYABLE_STATES, REFUNDABLE_STATES, Order, PreOrder
 
 
 def preorder_create(*, owner: User) -> PreOrder:
@@ -95,7 +97,7 @@ def _order_transition(
     the status we read (ConcurrentTransitionMixin), the guard for any caller that did
     not lock.
     """
-    with transaction.atomic():
+    with transaction.atomic(savepoint=False):
         order = Order.objects.select_for_update().get(pk=order_id)
         move = getattr(order, name)
         if not can_proceed(move):
@@ -129,34 +131,47 @@ def order_complete(*, order_id: int) -> Order:
     return _order_transition(order_id, "complete")
 
 
-def order_mark_paid(*, order_id: int) -> bool:
-    """Move the order to `paid` unless it is already there or beyond; True if it moved.
+def order_lock_for_payment(*, order_id: int) -> Order:
+    """Lock the order for a payment, refusing one it cannot take: already paid
+    (`OrderAlreadyPaid`) or cancelled (`OrderNotPayable`). The caller's transaction
+    holds the row lock until it commits the payment and `order_mark_paid`."""
+    order = Order.objects.select_for_update().get(pk=order_id)
+    if not order_takes_payment(order):
+        raise OrderAlreadyPaid() if order.is_paid else OrderNotPayable()
+    return order
 
-    One conditional `UPDATE ... WHERE status < paid`: a late or repeated payment
-    confirmation can never move a shipped, cancelled or refunded order backwards.
+
+def order_takes_payment(order: Order) -> bool:
+    """Whether the order may still be paid: its `pay` edge is open."""
+    return can_proceed(order.pay)
+
+
+def order_mark_paid(*, order_id: int) -> bool:
+    """Take the `pay` edge unless the order is already past it; True if it moved.
+
+    One conditional `UPDATE ... WHERE status IN (the edge's sources)`: a late or
+    repeated payment confirmation can never move a shipped, cancelled or refunded
+    order backwards.
     """
+    now = timezone.now()
     return bool(
-        Order.objects.filter(pk=order_id, status__lt=Order.Status.PAID).update(
-            status=Order.Status.PAID, paid_at=timezone.now(), updated_at=timezone.now()
+        Order.objects.filter(pk=order_id, status__in=PAYABLE_STATES).update(
+            status=Order.Status.PAID, paid_at=now, updated_at=now
         )
     )
 
 
 def order_mark_refunded(*, order_id: int) -> bool:
-    """Move a paid, shipped or completed order to `refunded`; True if it moved.
+    """Take the `refund` edge from a paid, shipped or completed order; True if it
+    moved.
 
-    One conditional `UPDATE ... WHERE status IN (paid, shipped, completed)`, so a
-    repeated refund, or one racing a cancellation, can never move it twice.
+    One conditional `UPDATE ... WHERE status IN (the edge's sources)`, so a repeated
+    refund, or one racing a cancellation, can never move it twice.
     """
     return bool(
-        Order.objects.filter(
-            pk=order_id,
-            status__in=[
-                Order.Status.PAID,
-                Order.Status.SHIPPED,
-                Order.Status.COMPLETED,
-            ],
-        ).update(status=Order.Status.REFUNDED, updated_at=timezone.now())
+        Order.objects.filter(pk=order_id, status__in=REFUNDABLE_STATES).update(
+            status=Order.Status.REFUNDED, updated_at=timezone.now()
+        )
     )
 
 

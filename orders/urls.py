@@ -17,8 +17,6 @@ urlpatterns = [
     path("account", views.account, name="account"),
     path("orders", views.orders_page, name="order-list"),
     path("orders/new", views.order_new, name="order-new"),
-    path("orders/<str:merchant_order_no>", views.order_detail, name="order-detail"),
-    path("orders/<str:merchant_order_no>/pay", views.order_pay, name="order-pay"),
     path(
         "orders/<str:merchant_order_no>/cancel",
         views.order_cancel_view,

@@ -5,6 +5,7 @@ from urllib.parse import urlencode
 from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
+from django.db import transaction
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import render
 from django.urls import reverse
@@ -12,18 +13,8 @@ from django.utils.translation import gettext as _
 from django.views.decorators.http import require_GET, require_POST
 
 from ledger.auth import authenticated
-from ledger.exceptions import AccountNotActive, InsufficientFunds
 from ledger.selectors import account_postings
 from ledger.services import wallet_get_or_create
-from payments.exceptions import (
-    OrderAlreadyPaid,
-    OrderNotPayable,
-    ProviderRefused,
-    ProviderUnavailable,
-)
-from payments.models import Payment
-from payments.selectors import payment_list
-from payments.services import payment_create, payment_start_with_provider
 
 from .exceptions import DuplicateOrder, MerchantOrderNoUnknown, OrderNotCancellable
 from .forms import OrderForm, major_units
@@ -37,7 +28,7 @@ class HttpResponseSeeOther(HttpResponseRedirect):
     status_code = 303
 
 
-def _to_order(merchant_order_no: str) -> HttpResponseSeeOther:
+def to_order(merchant_order_no: str) -> HttpResponseSeeOther:
     return HttpResponseSeeOther(reverse("order-detail", args=[merchant_order_no]))
 
 
@@ -68,16 +59,17 @@ def order_new(request: HttpRequest) -> HttpResponse:
         if form.is_valid():
             token = form.cleaned_data["token"]
             try:
-                order = order_create(
-                    owner=authenticated(request),
-                    merchant_order_no=token,
-                    amount=form.amount_minor_units(),
-                    currency=currency,
-                    description=form.cleaned_data["description"],
-                )
+                with transaction.atomic(durable=True):  # this view is the entry point
+                    order = order_create(
+                        owner=authenticated(request),
+                        merchant_order_no=token,
+                        amount=form.amount_minor_units(),
+                        currency=currency,
+                        description=form.cleaned_data["description"],
+                    )
             except DuplicateOrder:
                 messages.info(request, _("You already placed this order; here it is."))
-                return _to_order(token)
+                return to_order(token)
             except MerchantOrderNoUnknown:
                 messages.warning(
                     request,
@@ -93,7 +85,7 @@ def order_new(request: HttpRequest) -> HttpResponse:
                 )
             else:
                 messages.success(request, _("Order placed."))
-                return _to_order(order.merchant_order_no)
+                return to_order(order.merchant_order_no)
         elif "token" in form.errors:
             # A mangled token cannot name any order: show the form with a fresh one.
             data = request.POST.copy()
@@ -131,63 +123,17 @@ def order_new(request: HttpRequest) -> HttpResponse:
 
 
 @login_required
-@require_GET
-def order_detail(request: HttpRequest, merchant_order_no: str) -> HttpResponse:
-    order = order_get(owner=authenticated(request), merchant_order_no=merchant_order_no)
-    return render(
-        request,
-        "orders/order_detail.html",
-        {
-            "order": order,
-            "payments": payment_list(order=order),
-            "payable": order.status == order.Status.PENDING_PAYMENT,
-        },
-    )
-
-
-@login_required
-@require_POST
-def order_pay(request: HttpRequest, merchant_order_no: str) -> HttpResponse:
-    """Pay with the wallet balance, or go to the provider's pay page. The order's
-    state under a row lock, the ledger's unique reference and the one-success-per-order
-    index make a second click a no-op that says so; a second click on the provider
-    button continues the same pending payment (the provider dedupes by order number).
-    """
-    order = order_get(owner=authenticated(request), merchant_order_no=merchant_order_no)
-    try:
-        if request.POST.get("method") == Payment.Method.PROVIDER:
-            payment = payment_start_with_provider(order_id=order.pk)
-            return HttpResponseSeeOther(payment.pay_url)
-        payment_create(order_id=order.pk, method=Payment.Method.BALANCE)
-    except (ProviderUnavailable, ProviderRefused):
-        messages.error(request, _("The payment provider is not answering; try again."))
-    except OrderAlreadyPaid:
-        messages.info(request, _("You have already paid this order."))
-    except OrderNotPayable:
-        messages.error(request, _("This order was cancelled; it cannot be paid."))
-    except InsufficientFunds:
-        messages.error(request, _("Your balance is too low to pay this order."))
-    except AccountNotActive:
-        messages.error(
-            request,
-            _("Your wallet is frozen or closed, so it cannot pay; contact support."),
-        )
-    else:
-        messages.success(request, _("Paid. Thank you!"))
-    return _to_order(order.merchant_order_no)
-
-
-@login_required
 @require_POST
 def order_cancel_view(request: HttpRequest, merchant_order_no: str) -> HttpResponse:
     order = order_get(owner=authenticated(request), merchant_order_no=merchant_order_no)
     try:
-        order_cancel(order_id=order.pk)
+        with transaction.atomic(durable=True):
+            order_cancel(order_id=order.pk)
     except OrderNotCancellable:
         messages.error(request, _("Only an unpaid order can be cancelled."))
     else:
         messages.success(request, _("Order cancelled."))
-    return _to_order(order.merchant_order_no)
+    return to_order(order.merchant_order_no)
 
 
 @login_required

@@ -3,9 +3,33 @@ from django.db.models import QuerySet
 from django.http import HttpRequest
 
 from ledger.admin import ReadOnlyAdmin
+from orders.admin import OrderAdmin
+from orders.models import Order
 
 from .models import Payment, ProviderEvent, Refund, Shipment
 from .services import provider_event_redrive
+
+
+class PaymentInline(admin.TabularInline):
+    model = Payment
+    fields = ("id", "method", "amount", "currency", "status", "created_at")
+    readonly_fields = fields
+    extra = 0
+    can_delete = False
+    show_change_link = True
+
+    def has_add_permission(self, request: HttpRequest, obj=None) -> bool:
+        return False
+
+
+# An order's page in the admin lists its payments: orders know nothing of payments, so
+# the inline is added here, on top.
+admin.site.unregister(Order)
+
+
+@admin.register(Order)
+class OrderWithPaymentsAdmin(OrderAdmin):
+    inlines = (PaymentInline,)
 
 
 @admin.register(Payment)

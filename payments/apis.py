@@ -1,4 +1,5 @@
 from django.conf import settings
+from django.http import HttpResponse
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import exceptions, serializers, status
 from rest_framework.permissions import AllowAny
@@ -7,9 +8,12 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from idempotency import jsonparse
+from idempotency.completer import register_resumer
 from idempotency.decorators import idempotent
 from idempotency.engine import Phases
+from idempotency.models import IdempotencyRecord
 from ledger.auth import authenticated
+from ledger.renderers import JSONRenderer
 from orders.apis import IDEMPOTENCY_KEY
 from orders.fields import (
     MAX_AMOUNT,
@@ -20,12 +24,10 @@ from orders.fields import (
 from orders.selectors import order_get
 
 from .models import Payment
-from .provider_client import provider_charge_create
 from .selectors import payment_get
 from .services import (
-    payment_create,
-    payment_provider_start,
-    payment_record_charge,
+    payment_pay_with_balance,
+    payment_pay_with_provider,
     payment_refund,
     provider_event_receive,
 )
@@ -45,10 +47,20 @@ class PaymentOutputSerializer(serializers.Serializer):
     pay_url = serializers.CharField()
 
 
+def _pays_with_provider(request: Request) -> bool:
+    """The engine's mode for a pay request: a provider payment calls outside, so it
+    runs in phases; a wallet payment in one transaction."""
+    data = request.data
+    return isinstance(data, dict) and data.get("method") == Payment.Method.PROVIDER
+
+
 class OrderPayApi(APIView):
-    """Pay an order. `balance` is one transaction (the engine's atomic mode);
-    `provider` calls outside, so it runs in phases with recovery points: a retry
-    after a crash resumes where the first attempt stopped."""
+    """Pay an order: parse, call the method's service, render.
+
+    `balance` is one transaction (the engine's atomic mode); `provider` calls
+    outside, so it runs in phases with recovery points: a retry after a crash, or
+    beat's completer, resumes where the first attempt stopped.
+    """
 
     class InputSerializer(StrictInputSerializer):
         class Meta:
@@ -61,70 +73,34 @@ class OrderPayApi(APIView):
         responses={201: PaymentOutputSerializer},
         parameters=[IDEMPOTENCY_KEY],
     )
-    def post(self, request: Request, merchant_order_no: str) -> Response:
-        try:
-            data = request.data
-        except exceptions.ParseError as error:
-            # The balance path refuses it, under the engine. (DRF parses a body once:
-            # asked again, it would answer an empty body, "method is required".)
-            return self.pay_with_balance(request, merchant_order_no, malformed=error)
-        if isinstance(data, dict) and data.get("method") == Payment.Method.PROVIDER:
-            return self.pay_with_provider(request, merchant_order_no)
-        return self.pay_with_balance(request, merchant_order_no)
-
-    def _input(self, request: Request, merchant_order_no: str):
+    @idempotent("orders.pay", phased=_pays_with_provider)
+    def post(
+        self, request: Request, merchant_order_no: str, idem: Phases | None = None
+    ) -> Response:
         serializer = self.InputSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
         order = order_get(
             owner=authenticated(request), merchant_order_no=merchant_order_no
         )
-        return order, serializer.validated_data["method"]
+        if idem is not None:  # the provider
+            payment = payment_pay_with_provider(order_id=order.pk, phases=idem)
+        else:
+            payment = payment_pay_with_balance(order_id=order.pk)
+        return _created(payment)
 
-    @idempotent("orders.pay")
-    def pay_with_balance(
-        self,
-        request: Request,
-        merchant_order_no: str,
-        malformed: exceptions.ParseError | None = None,
-    ) -> Response:
-        if malformed is not None:
-            raise malformed
-        order, method = self._input(request, merchant_order_no)
-        payment = payment_create(order_id=order.pk, method=method)
-        return Response(
-            PaymentOutputSerializer(payment).data, status=status.HTTP_201_CREATED
-        )
 
-    @idempotent("orders.pay", phased=True)
-    def pay_with_provider(
-        self, request: Request, merchant_order_no: str, idem: Phases
-    ) -> Response:
-        order, _ = self._input(request, merchant_order_no)
-        if idem.recovery_point == "started":
-            with idem.phase("payment_created"):
-                idem.data["payment_id"] = payment_provider_start(order_id=order.pk).pk
-        if idem.recovery_point == "payment_created":
-            # Outside any transaction, no row locks held; the merchant order number
-            # is the provider's idempotency key, so a resumed request gets the
-            # same transaction back instead of a second charge.
-            charge = provider_charge_create(
-                merchant_order_no=order.merchant_order_no,
-                amount=order.amount,
-                currency=order.currency,
-                description=order.description,
-            )
-            with idem.phase("provider_answered"):
-                payment_record_charge(
-                    payment_id=idem.data["payment_id"],
-                    provider_txn_id=charge.txn_id,
-                    pay_url=charge.pay_url,
-                )
-        payment = Payment.objects.select_related("order").get(
-            pk=idem.data["payment_id"]
-        )
-        return Response(
-            PaymentOutputSerializer(payment).data, status=status.HTTP_201_CREATED
-        )
+def _created(payment: Payment) -> Response:
+    return Response(
+        PaymentOutputSerializer(payment).data, status=status.HTTP_201_CREATED
+    )
+
+
+@register_resumer("orders.pay")
+def resume_pay_with_provider(record: IdempotencyRecord, idem: Phases) -> HttpResponse:
+    """Beat's completer finishing a provider payment whose client never came back."""
+    payment = payment_pay_with_provider(order_id=idem.data["order_id"], phases=idem)
+    body = JSONRenderer().render(PaymentOutputSerializer(payment).data)
+    return HttpResponse(body, status=201, content_type="application/json")
 
 
 class PaymentDetailApi(APIView):

@@ -1,18 +1,23 @@
 """Every change to payments.
 
-Like the ledger's services these open plain `transaction.atomic()` blocks: the
-idempotency engine wraps them in the transaction that also stores its response.
+Each service runs in its caller's transaction (`atomic(savepoint=False)`): under the
+pay API that is the idempotency engine's, which also stores the response, so a
+refusal rolls back the whole request. Entry points that own a transaction (tasks,
+commands, web views) open it `durable=True`. Tasks are sent by name after commit
+(`enqueue_on_commit`): this module never imports `tasks`, which imports it.
 """
 
 import logging
 from datetime import timedelta
 from typing import Any
 
+from celery import current_app
 from django.conf import settings
 from django.db import IntegrityError, InterfaceError, OperationalError, transaction
 from django.db.models import QuerySet
 from django.utils import timezone
 
+from idempotency.engine import Phases
 from idempotency.sql import insert_unless_exists
 from ledger.models import JournalEntry
 from ledger.services import (
@@ -21,42 +26,47 @@ from ledger.services import (
     merchant_account,
     wallet_get_or_create,
 )
+from orders.exceptions import OrderAlreadyPaid
 from orders.models import Order
-from orders.services import order_mark_paid, order_mark_refunded
+from orders.services import (
+    order_lock_for_payment,
+    order_mark_paid,
+    order_mark_refunded,
+    order_takes_payment,
+)
 
 from .exceptions import (
     AlreadyRefunded,
     CallbackMismatch,
-    OrderAlreadyPaid,
-    OrderNotPayable,
-    PaymentMethodUnavailable,
     PaymentNotRefundable,
     ProviderRefused,
 )
 from .models import Payment, ProviderEvent, Refund, Shipment
+from .provider_client import (
+    provider_charge_cancel,
+    provider_charge_create,
+    provider_charge_get,
+)
 
 logger = logging.getLogger(__name__)
 
 
-def enqueue_on_commit(task, *args: Any) -> None:
-    """Send `task` once the transaction commits; a broker that is down is logged,
-    not raised: the row is durable, and beat's re-drive sends it again later."""
+def enqueue_on_commit(task: str, *args: Any) -> None:
+    """Send the task named `task` once the transaction commits; a broker that is down
+    is logged, not raised: the row is durable, and beat's re-drive sends it again."""
 
     def send() -> None:
         try:
-            task.delay(*args)
+            current_app.send_task(task, args=args)
         except Exception:  # kombu raises many kinds; none may undo a commit
             logger.exception("could not enqueue %s%r; beat will re-drive", task, args)
 
     transaction.on_commit(send)
 
 
-PAID_STATES = (
-    Order.Status.PAID,
-    Order.Status.SHIPPED,
-    Order.Status.COMPLETED,
-    Order.Status.REFUNDED,
-)
+CANCEL_OPEN_CHARGES = "payments.tasks.payment_cancel_open_charges_task"
+PROCESS_EVENT = "payments.tasks.provider_event_process_task"
+DISPATCH_SHIPMENT = "payments.tasks.shipment_dispatch_task"
 
 
 def payment_reference(order: Order) -> str:
@@ -78,20 +88,14 @@ def payment_pay_with_balance(*, order_id: int) -> Payment:
     One transaction: lock the order row, refuse if it is paid or cancelled, record the
     payment, move the money through the ledger (whose unique reference `payment:<order>`
     stops a second debit even if every check above were bypassed), mark the payment
-    succeeded (a partial unique index allows one success per order) and move the order
-    to `paid` with `WHERE status < paid`. Not enough money raises `InsufficientFunds`
-    and the whole transaction, payment row included, rolls back. If the order also
-    has a pending provider payment, its charge is cancelled at the provider by a task
-    sent after commit (`payment_cancel_open_charges`), so the shopper cannot pay twice.
+    succeeded (a partial unique index allows one success per order) and take the
+    order's `pay` edge. Not enough money raises `InsufficientFunds` and the whole
+    transaction, payment row included, rolls back. If the order also has a pending
+    provider payment, its charge is cancelled at the provider by a task sent after
+    commit (`payment_cancel_open_charges`), so the shopper cannot pay twice.
     """
-    from .tasks import payment_cancel_open_charges_task
-
-    with transaction.atomic():
-        order = Order.objects.select_for_update().get(pk=order_id)
-        if order.status in PAID_STATES:
-            raise OrderAlreadyPaid()
-        if order.status == Order.Status.CANCELLED:
-            raise OrderNotPayable()
+    with transaction.atomic(savepoint=False):
+        order = order_lock_for_payment(order_id=order_id)
         wallet = wallet_get_or_create(owner_id=order.owner_id, currency=order.currency)
         merchant = merchant_account(currency=order.currency)
         payment = Payment.objects.create(
@@ -116,7 +120,7 @@ def payment_pay_with_balance(*, order_id: int) -> Payment:
         if not order_mark_paid(order_id=order.pk):  # pragma: no cover - row is locked
             raise OrderAlreadyPaid()
         if _pending_provider_payments(order.pk).exists():
-            enqueue_on_commit(payment_cancel_open_charges_task, order.pk)
+            enqueue_on_commit(CANCEL_OPEN_CHARGES, order.pk)
     return payment
 
 
@@ -128,17 +132,39 @@ def _pending_provider_payments(order_id: int) -> QuerySet[Payment]:
     )
 
 
-def payment_create(*, order_id: int, method: str) -> Payment:
-    """Pay an order with `method` in one transaction: only the balance can.
+def payment_pay_with_provider(*, order_id: int, phases: Phases) -> Payment:
+    """Open the order's provider payment, have the provider open its charge, and
+    record the charge's pay page: three steps, each committed with a recovery point.
 
-    A provider payment needs a call outside between its steps; the pay API runs it
-    in phases (`payment_provider_start`, the provider call, `payment_record_charge`).
+    Under the pay API, `phases` are the engine's: a retry after a crash, or beat's
+    completer, resumes after the last step that committed. A web view passes
+    `Phases.unrecorded()`; a second click then continues the same payment, because
+    every step is safe to repeat: the pending payment is reused, the provider dedupes
+    by merchant order number, and a recorded transaction is never overwritten.
+    The provider is called outside any transaction, holding no row lock.
     """
-    if method == Payment.Method.BALANCE:
-        return payment_pay_with_balance(order_id=order_id)
-    raise PaymentMethodUnavailable(
-        f"Payment method {method!r} takes more than one step; use the pay API."
-    )
+    if phases.recovery_point == "started":
+        with phases.phase("payment_created"):
+            payment = payment_provider_start(order_id=order_id)
+            phases.data.update(payment_id=payment.pk, order_id=order_id)
+    payment = Payment.objects.select_related("order").get(pk=phases.data["payment_id"])
+    if phases.recovery_point == "payment_created" and not payment.pay_url:
+        order = payment.order
+        # The merchant order number is the provider's idempotency key: a resumed
+        # request gets the same charge back instead of a second one.
+        charge = provider_charge_create(
+            merchant_order_no=order.merchant_order_no,
+            amount=order.amount,
+            currency=order.currency,
+            description=order.description,
+        )
+        with phases.phase("provider_answered"):
+            payment = payment_record_charge(
+                payment_id=payment.pk,
+                provider_txn_id=charge.txn_id,
+                pay_url=charge.pay_url,
+            )
+    return payment
 
 
 def payment_provider_start(*, order_id: int) -> Payment:
@@ -148,12 +174,8 @@ def payment_provider_start(*, order_id: int) -> Payment:
     provider payment per order (a second pay request, under another key, continues
     the first one instead of opening a second charge).
     """
-    with transaction.atomic():
-        order = Order.objects.select_for_update().get(pk=order_id)
-        if order.status in PAID_STATES:
-            raise OrderAlreadyPaid()
-        if order.status == Order.Status.CANCELLED:
-            raise OrderNotPayable()
+    with transaction.atomic(savepoint=False):
+        order = order_lock_for_payment(order_id=order_id)
         pending = _pending_provider_payments(order.pk).first()
         if pending is not None:
             return pending
@@ -175,14 +197,12 @@ def payment_record_charge(
     provider (the order was paid another way, and the cancel found no charge yet):
     the charge just opened is then cancelled too, by a task sent after commit.
     """
-    from .tasks import payment_cancel_open_charges_task
-
     Payment.objects.filter(pk=payment_id, provider_txn_id="").update(
         provider_txn_id=provider_txn_id, pay_url=pay_url, updated_at=timezone.now()
     )
     payment = Payment.objects.get(pk=payment_id)
     if payment.status == Payment.Status.CANCELLED:
-        enqueue_on_commit(payment_cancel_open_charges_task, payment.order_id)
+        enqueue_on_commit(CANCEL_OPEN_CHARGES, payment.order_id)
     return payment
 
 
@@ -248,7 +268,7 @@ def payment_refund(*, payment_id: int, reason: str = "requested") -> Refund:
     stops a second movement), record the `Refund` (unique per payment), mark the
     payment refunded and the order refunded (a conditional update).
     """
-    with transaction.atomic():
+    with transaction.atomic(savepoint=False):
         order, payment = _lock(payment_id)
         if payment.status == Payment.Status.REFUNDED:
             raise AlreadyRefunded()
@@ -278,7 +298,7 @@ def payment_settle(*, payment_id: int, provider_txn_id: str) -> Payment:
     paid by another payment) the success is refunded in the same transaction: the
     payment ends `refunded` and the money goes back out.
     """
-    with transaction.atomic():
+    with transaction.atomic(savepoint=False):
         order, payment = _lock(payment_id)
         if payment.status in (Payment.Status.SUCCEEDED, Payment.Status.REFUNDED):
             return payment
@@ -294,12 +314,8 @@ def payment_settle(*, payment_id: int, provider_txn_id: str) -> Payment:
         _succeeded(payment, entry)
         if not payment.provider_txn_id:
             payment.provider_txn_id = provider_txn_id
-        if order.status != Order.Status.PENDING_PAYMENT:
-            reason = (
-                "order_cancelled"
-                if order.status == Order.Status.CANCELLED
-                else "order_already_paid"
-            )
+        if not order_takes_payment(order):
+            reason = "order_already_paid" if order.is_paid else "order_cancelled"
             _refund_locked(order=order, payment=payment, reason=reason)
             return payment
         payment.save()
@@ -311,7 +327,7 @@ def payment_settle(*, payment_id: int, provider_txn_id: str) -> Payment:
 def _close_pending(payment_id: int, edge: str) -> Payment:
     """Take `edge` out of `pending` under the locks; anything else stays (the
     save is conditional on the status read: ConcurrentTransitionMixin)."""
-    with transaction.atomic():
+    with transaction.atomic(savepoint=False):
         _, payment = _lock(payment_id)
         if payment.status == Payment.Status.PENDING:
             getattr(payment, edge)()
@@ -342,10 +358,8 @@ def payment_cancel_open_charges(*, order_id: int) -> list[Payment]:
     settled from the provider's answer, and `payment_settle` refunds it because
     the order no longer takes the money (as its own callback would, once).
     """
-    from .provider_client import provider_charge_cancel, provider_charge_get
-
     order = Order.objects.get(pk=order_id)
-    if order.status == Order.Status.PENDING_PAYMENT:
+    if order_takes_payment(order):
         return []  # it may still be paid through the provider
     # Cancelled ones too: a charge opened after we cancelled (see
     # `payment_record_charge`) is cancelled at the provider all the same.
@@ -382,14 +396,13 @@ def shipment_create(*, order_id: int) -> Shipment | None:
     The unique order on `Shipment` is the guard: a second attempt creates nothing and
     enqueues nothing. Returns the new shipment, or None if it existed.
     """
-    from .tasks import shipment_dispatch_task
 
     try:
         with transaction.atomic():
             shipment = Shipment.objects.create(order_id=order_id)
     except IntegrityError:
         return None
-    enqueue_on_commit(shipment_dispatch_task, shipment.pk)
+    enqueue_on_commit(DISPATCH_SHIPMENT, shipment.pk)
     return shipment
 
 
@@ -441,12 +454,11 @@ def provider_event_receive(
     `CallbackMismatch` and stores nothing. A new event commits with its processing
     task enqueued after commit.
     """
-    from .tasks import provider_event_process_task
 
     existing = ProviderEvent.objects.filter(event_id=payload["event_id"]).first()
     if existing is not None:
         if existing.status == ProviderEvent.Status.RECEIVED:
-            enqueue_on_commit(provider_event_process_task, existing.pk)
+            enqueue_on_commit(PROCESS_EVENT, existing.pk)
         return existing, False
     event = ProviderEvent(
         event_id=payload["event_id"],
@@ -458,7 +470,7 @@ def provider_event_receive(
     if not insert_unless_exists(event, ["event_id"]):
         # The same event, delivered twice at the same instant: the other stored it.
         return ProviderEvent.objects.get(event_id=payload["event_id"]), False
-    enqueue_on_commit(provider_event_process_task, event.pk)
+    enqueue_on_commit(PROCESS_EVENT, event.pk)
     return event, True
 
 
@@ -470,7 +482,7 @@ def provider_event_process(*, event_id: int) -> ProviderEvent:
     success for one payment settle it once. A failed attempt is counted on the
     event; see `_provider_event_apply`.
     """
-    with transaction.atomic():
+    with transaction.atomic(savepoint=False):
         event = ProviderEvent.objects.select_for_update().get(pk=event_id)
         if event.status == ProviderEvent.Status.RECEIVED:
             _provider_event_apply(event)
@@ -540,7 +552,7 @@ def provider_event_redrive(*, event_id: int) -> tuple[ProviderEvent, bool]:
     again the failure is recorded as a first attempt, and beat re-drives it until it
     is parked again.
     """
-    with transaction.atomic():
+    with transaction.atomic(savepoint=False):
         event = ProviderEvent.objects.select_for_update().get(pk=event_id)
         if event.status != ProviderEvent.Status.PARKED:
             return event, False
@@ -562,12 +574,10 @@ def payment_redrive(*, payment_id: int) -> Payment:
     no longer takes money (paid another way, cancelled) has its charge cancelled
     instead of waited on.
     """
-    from .provider_client import provider_charge_get
-
     payment = Payment.objects.select_related("order").get(pk=payment_id)
     if payment.status != Payment.Status.PENDING:
         return payment
-    if payment.order.status != Order.Status.PENDING_PAYMENT:
+    if not order_takes_payment(payment.order):
         payment_cancel_open_charges(order_id=payment.order_id)
         return Payment.objects.get(pk=payment.pk)
     charge = provider_charge_get(merchant_order_no=payment.order.merchant_order_no)
@@ -591,30 +601,6 @@ def payments_stuck(*, older_than_seconds: int, limit: int = 100) -> list[int]:
         )
         .order_by("pk")
         .values_list("pk", flat=True)[:limit]
-    )
-
-
-def payment_start_with_provider(*, order_id: int) -> Payment:
-    """Open (or continue) the order's provider payment and get its pay page.
-
-    The same three steps as the phased pay API, each safe to repeat: the pending
-    payment is reused, the provider dedupes by merchant order number, and a recorded
-    transaction is never overwritten. Never inside a transaction (the provider call).
-    """
-    from .provider_client import provider_charge_create
-
-    payment = payment_provider_start(order_id=order_id)
-    if payment.pay_url:
-        return payment
-    order = payment.order
-    charge = provider_charge_create(
-        merchant_order_no=order.merchant_order_no,
-        amount=order.amount,
-        currency=order.currency,
-        description=order.description,
-    )
-    return payment_record_charge(
-        payment_id=payment.pk, provider_txn_id=charge.txn_id, pay_url=charge.pay_url
     )
 
 

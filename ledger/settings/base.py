@@ -204,10 +204,13 @@ if CELERY_BROKER_URL == "filesystem://":
         "data_folder_out": str(_broker_dir / "queue"),
         "processed_folder": str(_broker_dir / "processed"),
         "store_processed": False,
+        # Broadcast exchanges (celery inspect, the worker's pidbox); by default a
+        # "control" folder wherever the process runs.
+        "control_folder": str(_broker_dir / "control"),
     }
     # kombu needs the folders to exist; `manage.py serve` says so clearly if they
     # cannot be made.
-    for _folder in ("queue", "processed"):
+    for _folder in ("queue", "processed", "control"):
         with contextlib.suppress(OSError):
             (_broker_dir / _folder).mkdir(parents=True, exist_ok=True)
 else:

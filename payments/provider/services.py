@@ -89,7 +89,7 @@ def charge_settle(*, txn_id: str, outcome: str) -> Charge:
 
     if outcome not in (Charge.Status.SUCCESS, Charge.Status.FAILED):
         raise ValueError(outcome)
-    with transaction.atomic():
+    with transaction.atomic(savepoint=False):
         moved = Charge.objects.filter(
             txn_id=txn_id, status=Charge.Status.PENDING
         ).update(status=outcome, settled_at=timezone.now())

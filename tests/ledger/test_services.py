@@ -70,7 +70,7 @@ def test_repeated_reference_moves_money_once_and_returns_the_same_entry():
 def test_reference_reused_for_another_movement_is_refused():
     alice, bob = funded_wallet(1000), funded_wallet(0)
     transfer(alice, bob, 300, "t-1")
-    with pytest.raises(ReferenceConflict):
+    with pytest.raises(ReferenceConflict), transaction.atomic():
         transfer(alice, bob, 301, "t-1")
     alice.refresh_from_db()
     assert alice.balance == 700
@@ -78,7 +78,7 @@ def test_reference_reused_for_another_movement_is_refused():
 
 def test_insufficient_funds_changes_nothing_and_frees_the_reference():
     alice, bob = funded_wallet(100), funded_wallet(0)
-    with pytest.raises(InsufficientFunds) as refused:
+    with pytest.raises(InsufficientFunds) as refused, transaction.atomic():
         transfer(alice, bob, 101, "t-1")
     assert refused.value.extra == {"balance": 100, "amount": 101}
     assert not JournalEntry.objects.filter(reference="t-1").exists()
@@ -94,7 +94,7 @@ def test_insufficient_funds_changes_nothing_and_frees_the_reference():
 def test_money_leaves_only_an_active_account():
     alice, bob = funded_wallet(100), funded_wallet(100)
     account_freeze(account_id=alice.pk)
-    with pytest.raises(AccountNotActive):
+    with pytest.raises(AccountNotActive), transaction.atomic():
         transfer(alice, bob, 10, "out")
     transfer(bob, alice, 10, "in")  # a frozen account may still receive
     alice.refresh_from_db()
@@ -104,7 +104,7 @@ def test_money_leaves_only_an_active_account():
 def test_currency_mismatch_is_refused():
     alice = funded_wallet(100)
     usd = WalletFactory(currency="USD")
-    with pytest.raises(CurrencyMismatch):
+    with pytest.raises(CurrencyMismatch), transaction.atomic():
         transfer(alice, usd, 10, "fx")
     assert ledger_report()["ok"]
 
@@ -113,7 +113,7 @@ def test_seen_version_guards_against_a_change_in_between():
     alice, bob = funded_wallet(100), funded_wallet(0)
     seen = alice.version
     transfer(alice, bob, 10, "other")  # somebody else spends meanwhile
-    with pytest.raises(StaleVersion):
+    with pytest.raises(StaleVersion), transaction.atomic():
         ledger_transfer(
             source_id=alice.pk,
             destination_id=bob.pk,

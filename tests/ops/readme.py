@@ -1,7 +1,7 @@
 """Run the README's examples as pasted against a live server.
 
-Every ```sh block that calls the server with curl runs, in the README's order, in one
-bash session (later blocks use what earlier ones set: `$NO`, `$PAYMENT`, ...). Only
+Every ```sh block that calls the `make run` server (port 8000) with curl runs, in the
+README's order, in one bash session (later blocks use what earlier ones set: `$NO`, `$PAYMENT`, ...). Only
 the `TOKEN=...` line is replaced by the real token, and the address only when the
 server could not get port 8000. Each curl call's HTTP status is checked against the
 comment under it: a status the comment starts with (`# 201 ...`), or the `"status"`
@@ -25,7 +25,9 @@ def blocks(readme: Path, language: str) -> list[str]:
     return [
         body
         for lang, body in FENCE.findall(readme.read_text())
-        if lang == language and (language != "sh" or re.search(r"\bcurl\b", body))
+        if lang == language
+        and (language != "sh" or re.search(r"\bcurl\b", body))
+        and ":8080" not in body  # the compose stack's: tests/ops/test_compose_up.py
     ]
 
 
@@ -57,13 +59,15 @@ def run_readme_examples(readme: Path, url: str, token: str) -> None:
     script = CURL_STATUS + "\n".join(shell)
     script = re.sub(r"(?m)^TOKEN=\.\.\..*$", f"TOKEN={token}", script)
     script = address(script, url)
-    result = subprocess.run(
-        ["bash", "-c", script],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**os.environ, "PAYMENT_PROVIDER_SECRET": ""},  # the README sets it
-    )
+    with tempfile.TemporaryDirectory() as workdir:  # nothing lands in the checkout
+        result = subprocess.run(
+            ["bash", "-c", script],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            cwd=workdir,
+            env={**os.environ, "PAYMENT_PROVIDER_SECRET": ""},  # the README sets it
+        )
     statuses = re.findall(r"^status (\d{3})$", result.stderr, re.M)
     expected = [status for block in shell for status in expected_statuses(block)]
     story = f"stdout:\n{result.stdout[-4000:]}\nstderr:\n{result.stderr[-2000:]}"

@@ -66,28 +66,28 @@ def test_order_create_happy_path():
 def test_second_order_for_a_number_is_a_duplicate_naming_the_first():
     user = UserFactory()
     order = place_order(user)
-    with pytest.raises(DuplicateOrder) as caught:
+    with pytest.raises(DuplicateOrder) as caught, transaction.atomic():
         create(user, order.merchant_order_no, amount=5)
     assert f"/api/v1/orders/{order.merchant_order_no}" in caught.value.detail
     assert Order.objects.count() == 1
 
 
 def test_number_never_issued_is_unknown():
-    with pytest.raises(MerchantOrderNoUnknown):
+    with pytest.raises(MerchantOrderNoUnknown), transaction.atomic():
         create(UserFactory(), "123456789")
     assert not Order.objects.exists()
 
 
 def test_number_issued_to_someone_else_is_unknown():
     preorder = preorder_create(owner=UserFactory())
-    with pytest.raises(MerchantOrderNoUnknown):
+    with pytest.raises(MerchantOrderNoUnknown), transaction.atomic():
         create(UserFactory(), preorder.merchant_order_no)
     assert not Order.objects.exists()
 
 
 def test_expired_unused_number_is_unknown():
     preorder = PreOrderFactory(expires_at=timezone.now() - timedelta(seconds=1))
-    with pytest.raises(MerchantOrderNoUnknown, match="expired"):
+    with pytest.raises(MerchantOrderNoUnknown, match="expired"), transaction.atomic():
         create(preorder.owner, preorder.merchant_order_no)
     assert not Order.objects.exists()
 
@@ -96,7 +96,7 @@ def test_expired_number_that_was_used_still_answers_duplicate():
     user = UserFactory()
     order = place_order(user)
     order.owner.preorders.update(expires_at=timezone.now() - timedelta(days=1))
-    with pytest.raises(DuplicateOrder):
+    with pytest.raises(DuplicateOrder), transaction.atomic():
         create(user, order.merchant_order_no)
 
 
@@ -151,14 +151,14 @@ def test_cancel_a_pending_order():
 def test_cancel_twice_is_refused_the_second_time():
     order = place_order(UserFactory())
     order_cancel(order_id=order.pk)
-    with pytest.raises(OrderNotCancellable, match="cancelled"):
+    with pytest.raises(OrderNotCancellable, match="cancelled"), transaction.atomic():
         order_cancel(order_id=order.pk)
 
 
 def test_a_paid_order_cannot_be_cancelled():
     order = place_order(UserFactory())
     assert order_mark_paid(order_id=order.pk)
-    with pytest.raises(OrderNotCancellable, match="paid"):
+    with pytest.raises(OrderNotCancellable, match="paid"), transaction.atomic():
         order_cancel(order_id=order.pk)
     order.refresh_from_db()
     assert order.status == Order.Status.PAID
@@ -181,12 +181,12 @@ def test_mark_paid_never_moves_an_order_backwards():
 
 def test_forward_transitions_follow_the_declared_edges():
     order = place_order(UserFactory())
-    with pytest.raises(OrderTransitionNotAllowed):
+    with pytest.raises(OrderTransitionNotAllowed), transaction.atomic():
         order_ship(order_id=order.pk)  # not paid yet
     order_mark_paid(order_id=order.pk)
     assert order_ship(order_id=order.pk).status == Order.Status.SHIPPED
     assert order_complete(order_id=order.pk).status == Order.Status.COMPLETED
-    with pytest.raises(OrderTransitionNotAllowed):
+    with pytest.raises(OrderTransitionNotAllowed), transaction.atomic():
         order_complete(order_id=order.pk)
 
 

@@ -11,7 +11,7 @@ from io import StringIO
 
 import pytest
 from django.core.management import CommandError, call_command
-from django.db import OperationalError, connection
+from django.db import OperationalError, connection, transaction
 from django.utils import timezone
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -274,7 +274,7 @@ def test_a_lost_database_connection_is_retried_not_counted(late_success, monkeyp
         raise OperationalError("server closed the connection unexpectedly")
 
     monkeypatch.setattr(services, "payment_settle", connection_lost)
-    with pytest.raises(OperationalError):
+    with pytest.raises(OperationalError), transaction.atomic():
         provider_event_process(event_id=event.pk)
     event.refresh_from_db()
     assert (event.status, event.attempts, event.last_error) == ("received", 0, "")

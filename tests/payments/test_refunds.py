@@ -1,6 +1,7 @@
 """Refunds: `POST /api/v1/payments/<id>/refund`, once per payment."""
 
 import pytest
+from django.db import transaction
 
 from ledger.invariants import ledger_report
 from ledger.models import JournalEntry
@@ -86,7 +87,7 @@ def test_second_refund_under_a_new_key_is_already_refunded():
     body = assert_problem(refund(client, payment.pk), 409, "already_refunded")
     assert "already refunded" in body["detail"]
     assert balance(wallet) == 5000 and Refund.objects.count() == 1
-    with pytest.raises(AlreadyRefunded):
+    with pytest.raises(AlreadyRefunded), transaction.atomic():
         payment_refund(payment_id=payment.pk)
     assert ledger_report()["ok"]
 
@@ -98,7 +99,7 @@ def test_a_pending_payment_is_not_refundable():
         order=order, method="provider", amount=order.amount, currency="CNY"
     )
     assert_problem(refund(client, payment.pk), 409, "payment_not_refundable")
-    with pytest.raises(PaymentNotRefundable):
+    with pytest.raises(PaymentNotRefundable), transaction.atomic():
         payment_refund(payment_id=payment.pk)
     assert not Refund.objects.exists() and balance(wallet) == 5000
 
