@@ -1,12 +1,13 @@
 """Run the README's examples as pasted against a live server.
 
 Every ```sh block that calls the `make run` server (port 8000) with curl runs, in the
-README's order, in one bash session (later blocks use what earlier ones set: `$NO`, `$PAYMENT`, ...). Only
-the `TOKEN=...` line is replaced by the real token, and the address only when the
-server could not get port 8000. Each curl call's HTTP status is checked against the
-comment under it: a status the comment starts with (`# 201 ...`), or the `"status"`
-of the problem it shows; with neither, a 2xx. ```python blocks run too, with `TOKEN`
-set, and must print a 2xx status.
+README's order, in one bash session in a temporary folder (later blocks use what
+earlier ones set: `$NO`, `$PAYMENT`, ...). Only the `TOKEN=...` line is replaced by
+the real token, and the address only when the server could not get port 8000. Each
+curl call's HTTP status is checked against the comment under it: a status the comment
+starts with (`# 201 ...`), or the `"status"` of the problem it shows; with neither, a
+2xx. ```python blocks run too, with `TOKEN` set, and must print a 2xx status. The
+compose stack's examples (port 8080) are `tests/ops/test_compose_up.py`'s.
 """
 
 import os
