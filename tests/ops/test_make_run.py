@@ -43,6 +43,7 @@ class MakeRun:
     """`make run` in its own session, with a pseudo-terminal as its terminal."""
 
     def __init__(self, clone: Path, env: dict[str, str], log: Path) -> None:
+        self.clone = clone
         self.port = int(env["PORT"])
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = log
@@ -325,3 +326,8 @@ def test_the_stack_stays_up_and_ctrl_c_stops_it_cleanly(stack) -> None:
     ]
     assert not errors, "\n".join(errors)
     assert "Warm shutdown" in output
+    # Everything it wrote is in ignored folders (.venv/, .var/): the clone is clean.
+    status = subprocess.run(
+        ["git", "status", "--porcelain"], cwd=run.clone, capture_output=True, text=True
+    )
+    assert status.stdout == "", status.stdout
