@@ -9,7 +9,7 @@ from ledger.services import customer_get_or_create, ledger_deposit
 from orders.models import Order
 from payments.models import Payment
 from tests.browser.conftest import PASSWORD
-from tests.orders.helpers import balance, place_order
+from tests.helpers import balance, place_order
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 

@@ -14,6 +14,7 @@ from django.db import connection
 import tests.idempotency.views  # noqa: F401 - registers the test resumer
 from idempotency.completer import complete_stuck
 from idempotency.models import IdempotencyRecord
+from tests.helpers import wait_for
 from tests.servers import children, gunicorn
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
@@ -60,13 +61,6 @@ def post(url, path, token, key, body) -> httpx.Response:
         headers={"Authorization": f"Token {token}", "Idempotency-Key": key},
         timeout=30,
     )
-
-
-def wait_for(condition, seconds: float = 10) -> None:
-    deadline = time.monotonic() + seconds
-    while not condition():
-        assert time.monotonic() < deadline, "condition never became true"
-        time.sleep(0.05)
 
 
 def open_transaction_elsewhere() -> bool:

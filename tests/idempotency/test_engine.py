@@ -8,6 +8,7 @@ import idempotency.metrics  # noqa: F401  (registers the counters before we read
 from idempotency.models import IdempotencyRecord
 from idempotency.redis import get_redis
 from idempotency.services import record_purge_expired
+from tests.helpers import assert_problem
 
 pytestmark = [pytest.mark.django_db, pytest.mark.urls("tests.idempotency.urls")]
 DEPOSITS = "/test/deposits"
@@ -16,14 +17,6 @@ DEPOSITS = "/test/deposits"
 def counted(outcome: str) -> float:
     sample = {"outcome": outcome}
     return REGISTRY.get_sample_value("idempotency_requests_total", sample) or 0.0
-
-
-def assert_problem(response, status: int, code: str) -> dict:
-    assert response.status_code == status, response.content
-    assert response["Content-Type"] == "application/problem+json"
-    body = response.json()
-    assert body["code"] == code and body["status"] == status
-    return body
 
 
 @pytest.fixture(params=["redis", "database only"])

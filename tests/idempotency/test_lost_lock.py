@@ -23,7 +23,7 @@ from ledger.services import merchant_account
 from orders.models import Order
 from payments.models import Payment
 from tests.conftest import Background
-from tests.orders.helpers import assert_problem, customer, new_key, place_order
+from tests.helpers import assert_problem, customer, new_key, place_order
 from tests.servers import free_port, redis_command, stop, wait_for_port
 
 pytestmark = [

@@ -2,6 +2,7 @@ import pytest
 from rest_framework.test import APIClient
 
 from ledger.services import customer_get_or_create, ledger_deposit
+from tests.helpers import assert_problem
 
 pytestmark = pytest.mark.django_db
 
@@ -12,15 +13,6 @@ def customer():
     client = APIClient()
     client.credentials(HTTP_AUTHORIZATION=f"Token {token}")
     return client, wallet
-
-
-def assert_problem(response, status: int, code: str) -> dict:
-    assert response.status_code == status, response.content
-    assert response["Content-Type"] == "application/problem+json"
-    body = response.json()
-    assert {"type", "title", "status", "detail", "code"} <= set(body)
-    assert body["status"] == status and body["code"] == code
-    return body
 
 
 def test_account_me(customer):

@@ -28,6 +28,7 @@ import pytest
 from django.db import connection
 
 from ledger.openapi import problem_codes
+from tests.helpers import assert_problem, wait_for
 from tests.idempotency.conftest import Customer
 from tests.servers import ROOT, children, free_port, gunicorn, raw_exchange, stop
 
@@ -168,12 +169,9 @@ def gateway(tmp_path: Path, read_timeout: int) -> Iterator[dict]:
 PHASED = "/test/phased-deposits"
 
 
-def assert_problem(answer: httpx.Response, status: int, code: str) -> dict:
-    assert answer.status_code == status, answer.text
-    assert answer.headers["Content-Type"] == "application/problem+json", answer.text
-    problem = answer.json()
-    assert {"type", "title", "status", "detail", "code"} <= set(problem)
-    assert (problem["status"], problem["code"]) == (status, code), problem
+def assert_documented_problem(answer: httpx.Response, status: int, code: str) -> dict:
+    """A problem+json answer whose code the OpenAPI schema documents."""
+    problem = assert_problem(answer, status, code)
     assert code in problem_codes()
     return problem
 
@@ -210,13 +208,6 @@ def in_view_elsewhere() -> bool:
         return cursor.fetchone()[0] > 0
 
 
-def wait_for(condition, seconds: float = 15) -> None:
-    deadline = time.monotonic() + seconds
-    while not condition():
-        assert time.monotonic() < deadline, "condition never became true"
-        time.sleep(0.05)
-
-
 def test_stalled_post_is_not_retried_but_a_stalled_get_fails_over(tmp_path):
     alice = Customer("alice")
     key = f"gw-{uuid.uuid4()}"
@@ -236,7 +227,7 @@ def test_stalled_post_is_not_retried_but_a_stalled_get_fails_over(tmp_path):
 
         assert get.status_code == 200
         assert get.headers["X-Request-ID"] == "get-1"
-        assert_problem(answers["post"], 504, "gateway_timeout")
+        assert_documented_problem(answers["post"], 504, "gateway_timeout")
         assert answers["post"].headers["X-Request-ID"]  # made up by nginx
         entries = {entry["method"]: entry for entry in gateway_log(gw["log"], 2)}
         assert entries["POST"]["upstream_addr"] == gw["a"]  # tried once, on A only
@@ -275,7 +266,7 @@ def test_upstream_dying_mid_post_is_not_retried_and_the_retry_runs_once(tmp_path
         os.kill(worker, signal.SIGKILL)
         thread.join(timeout=30)
 
-        assert_problem(answers["post"], 502, "bad_gateway")
+        assert_documented_problem(answers["post"], 502, "bad_gateway")
         (entry,) = gateway_log(gw["log"], 1)
         assert entry["upstream_addr"] == gw["a"]  # B never saw the POST
         assert upstream_requests(gw["b_log"], "POST", PHASED) == []
@@ -326,7 +317,7 @@ def test_errors_outside_the_app_are_problems_and_the_apps_pass_unchanged(tmp_pat
         # nginx's own: a body over client_max_body_size, a request line over its
         # buffers, a header over them, a request it cannot read.
         big = httpx.post(f"{url}/api/v1/orders", content=b"x" * (2 << 20), timeout=30)
-        assert_problem(big, 413, "payload_too_large")
+        assert_documented_problem(big, 413, "payload_too_large")
         raw_problem(url, get(b"/healthz?" + b"a" * 10_000), 414, "uri_too_long")
         raw_problem(
             url,
@@ -346,7 +337,9 @@ def test_errors_outside_the_app_are_problems_and_the_apps_pass_unchanged(tmp_pat
         raw_problem(url, get(b"/healthz?" + b"a" * 5000), 414, "uri_too_long")
         # The app's own problem bodies, not replaced by nginx's.
         missing = post_deposit(url, alice, key="")
-        assert_problem(missing, 400, "idempotency_key_invalid")
+        assert_documented_problem(missing, 400, "idempotency_key_invalid")
         invalid = post_deposit(url, alice, f"gw-{uuid.uuid4()}", amount="lots")
-        assert assert_problem(invalid, 400, "validation_error")["errors"]["amount"]
+        assert assert_documented_problem(invalid, 400, "validation_error")["errors"][
+            "amount"
+        ]
         assert alice.deposits() == 0

@@ -17,7 +17,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from ledger.services import merchant_account
-from tests.orders.helpers import customer, new_key, place_order
+from tests.helpers import customer, new_key, place_order
 from tests.payments.helpers import event_body, pending_provider_payment, post_callback
 
 pytestmark = pytest.mark.django_db

@@ -2,7 +2,7 @@ import pytest
 
 from orders.models import Order
 from payments.services import payment_pay_with_balance
-from tests.orders.helpers import customer, place_order
+from tests.helpers import customer, place_order
 
 pytestmark = pytest.mark.django_db
 

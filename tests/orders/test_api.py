@@ -2,7 +2,7 @@ import pytest
 
 from orders.models import Order, PreOrder
 from tests.conftest import run_in_threads
-from tests.orders.helpers import assert_problem, customer, new_key, place_order
+from tests.helpers import assert_problem, customer, new_key, place_order
 
 pytestmark = pytest.mark.django_db
 

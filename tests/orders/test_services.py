@@ -26,8 +26,8 @@ from orders.services import (
 )
 from orders.tasks import purge_expired_preorders
 from tests.conftest import run_in_threads
-from tests.factories import UserFactory
-from tests.orders.helpers import PreOrderFactory, place_order
+from tests.factories import PreOrderFactory, UserFactory
+from tests.helpers import place_order
 
 pytestmark = pytest.mark.django_db
 

@@ -10,7 +10,7 @@ from ledger.models import Account, Posting
 from ledger.services import account_close, account_freeze
 from orders.models import Order, PreOrder
 from payments.models import Payment
-from tests.orders.helpers import balance, customer, place_order
+from tests.helpers import balance, customer, place_order
 
 pytestmark = pytest.mark.django_db
 

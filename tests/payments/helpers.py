@@ -12,21 +12,16 @@ from ledger.services import external_account, merchant_account
 from orders.models import Order
 from payments.models import Payment, Shipment
 from payments.signatures import sign
-from tests.orders.helpers import balance
+from tests.factories import PaymentFactory
+from tests.helpers import balance
 
 _events = itertools.count(1)
 
 
 def pending_provider_payment(order: Order, txn: str = "") -> Payment:
     """A provider payment as phase 3 of the pay request leaves it."""
-    return Payment.objects.create(
-        order=order,
-        method=Payment.Method.PROVIDER,
-        amount=order.amount,
-        currency=order.currency,
-        provider_txn_id=txn or f"T{order.merchant_order_no}",
-        pay_url="http://provider.invalid/pay/x",
-    )
+    extra = {"provider_txn_id": txn} if txn else {}
+    return PaymentFactory.create(order=order, **extra)
 
 
 def event_body(payment: Payment, **overrides) -> dict:

@@ -101,10 +101,3 @@ def celery_worker(tmp_path: Path, **extra: str) -> Iterator[subprocess.Popen]:
 def pool_child(worker: subprocess.Popen) -> int:
     (child,) = children(worker.pid)
     return child
-
-
-def wait_for(predicate, timeout: float = 30, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.1)

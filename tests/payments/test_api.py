@@ -4,7 +4,7 @@ from ledger.invariants import ledger_report
 from orders.models import Order
 from payments.models import Payment
 from tests.conftest import run_in_threads
-from tests.orders.helpers import (
+from tests.helpers import (
     assert_problem,
     balance,
     customer,

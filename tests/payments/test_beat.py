@@ -20,7 +20,7 @@ from payments.services import (
     payments_stuck,
 )
 from payments.tasks import cancel_expired_orders, payment_redrive_task
-from tests.orders.helpers import balance, customer, new_key, place_order
+from tests.helpers import balance, customer, new_key, place_order
 
 pytestmark = pytest.mark.django_db
 

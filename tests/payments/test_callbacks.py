@@ -21,7 +21,7 @@ from payments.services import (
 )
 from payments.signatures import sign
 from tests.conftest import run_in_threads
-from tests.orders.helpers import assert_problem, balance, customer, place_order
+from tests.helpers import assert_problem, balance, customer, place_order
 
 from .helpers import (
     assert_settled_once,

@@ -29,10 +29,10 @@ from payments.provider.services import notification_deliver
 from payments.services import payment_redrive, provider_event_process
 from payments.tasks import payment_cancel_open_charges_task
 from tests.conftest import run_in_threads
-from tests.orders.helpers import balance, customer, new_key, place_order
+from tests.helpers import balance, customer, new_key, place_order, wait_for
 from tests.servers import children, free_port
 
-from .processes import celery_worker, pool_child, wait_for
+from .processes import celery_worker, pool_child
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 

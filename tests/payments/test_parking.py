@@ -34,7 +34,7 @@ from payments.services import (
 )
 from payments.tasks import provider_event_process_task, redrive_inbox
 from tests.conftest import run_in_threads
-from tests.orders.helpers import balance, customer, place_order
+from tests.helpers import balance, customer, place_order
 
 from .helpers import event_body, pending_provider_payment, post_callback
 

@@ -24,10 +24,17 @@ from payments.exceptions import ProviderRefused
 from payments.models import Payment, ProviderEvent, Shipment
 from payments.provider.models import Charge, Notification
 from payments.provider_client import provider_charge_create, provider_charge_get
-from tests.orders.helpers import assert_problem, balance, customer, new_key, place_order
+from tests.helpers import (
+    assert_problem,
+    balance,
+    customer,
+    new_key,
+    place_order,
+    wait_for,
+)
 from tests.servers import children, free_port, gunicorn
 
-from .processes import BROKER_URL, SETTINGS, celery_worker, wait_for
+from .processes import BROKER_URL, SETTINGS, celery_worker
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 

@@ -15,7 +15,7 @@ from payments.services import (
     provider_event_process,
 )
 from tests.conftest import run_in_threads
-from tests.orders.helpers import (
+from tests.helpers import (
     assert_problem,
     balance,
     customer,

@@ -11,7 +11,7 @@ from orders.services import order_cancel
 from payments.models import Payment
 from payments.services import payment_pay_with_balance
 from tests.conftest import run_in_threads
-from tests.orders.helpers import balance, customer, place_order
+from tests.helpers import balance, customer, place_order
 
 pytestmark = pytest.mark.django_db
 

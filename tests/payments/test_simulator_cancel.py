@@ -15,7 +15,7 @@ from payments.provider.models import Charge, Notification
 from payments.provider.services import charge_create, charge_settle
 from payments.services import payment_pay_with_balance
 from tests.conftest import run_in_threads
-from tests.orders.helpers import assert_problem, customer, place_order
+from tests.helpers import assert_problem, customer, place_order
 
 from .helpers import pending_provider_payment
 

@@ -4,7 +4,7 @@ import pytest
 
 from payments.models import Payment
 from payments.provider.models import Charge
-from tests.orders.helpers import customer, place_order
+from tests.helpers import customer, place_order
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 

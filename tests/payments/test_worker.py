@@ -21,7 +21,7 @@ from orders.services import order_cancel
 from payments.models import Payment, ProviderEvent, Refund, Shipment
 from payments.signatures import sign
 from payments.tasks import redrive_inbox
-from tests.orders.helpers import assert_problem, balance, customer, place_order
+from tests.helpers import assert_problem, balance, customer, place_order, wait_for
 from tests.servers import children
 
 from .helpers import (
@@ -37,7 +37,6 @@ from .processes import (
     celery_worker,
     point_producer_at,
     pool_child,
-    wait_for,
 )
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]

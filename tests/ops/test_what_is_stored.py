@@ -15,7 +15,7 @@ from idempotency.models import IdempotencyRecord
 from ledger.services import merchant_account
 from orders.services import preorder_create
 from payments.services import payment_pay_with_balance, payment_refund
-from tests.orders.helpers import assert_problem, customer, new_key, place_order
+from tests.helpers import assert_problem, customer, new_key, place_order
 
 pytestmark = pytest.mark.django_db
 
