@@ -1,11 +1,12 @@
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 from django.db import connection, connections
 
 from tests.factories import UserFactory
+from tests.servers import OwnRedis
 
 
 def run_in_threads(count: int, work: Callable[[int], Any]) -> list[Any]:
@@ -78,3 +79,14 @@ def _fresh_redis(settings):
     client = get_redis()
     if client is not None:
         client.flushdb()
+
+
+@pytest.fixture
+def own_redis(settings) -> Iterator[OwnRedis]:
+    redis = OwnRedis()
+    redis.start()
+    settings.REDIS_URL = redis.url
+    try:
+        yield redis
+    finally:
+        redis.stop()

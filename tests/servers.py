@@ -184,3 +184,34 @@ def dechunk(body: bytes) -> bytes:
         if not length:
             break
     return decoded
+
+
+class OwnRedis:
+    """A redis-server of our own on a free loopback port, to restart at will."""
+
+    def __init__(self) -> None:
+        self.port = free_port()
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.process: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        self.process = subprocess.Popen(
+            redis_command(self.port), stdout=subprocess.DEVNULL, start_new_session=True
+        )
+        assert wait_for_port(self.port), "redis-server did not start"
+
+    def restart(self) -> None:
+        """Kill it and start an empty one on the same port; the app's client then
+        reconnects (its pooled connections to the old server are dropped)."""
+        assert self.process is not None
+        stop(self.process)
+        self.start()
+        from idempotency.redis import get_redis
+
+        client = get_redis()
+        assert client is not None
+        client.connection_pool.disconnect()
+
+    def stop(self) -> None:
+        if self.process is not None:
+            stop(self.process)
