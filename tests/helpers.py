@@ -4,9 +4,13 @@ rows without a story in `factories.py`, processes in `servers.py`.)"""
 
 import itertools
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
+import psycopg
+from django.db import connection
+from django.db.models import Model
 from rest_framework.test import APIClient
 
 from idempotency.snowflake import next_snowflake
@@ -19,10 +23,12 @@ from tests.servers import free_port
 __all__ = [
     "assert_problem",
     "balance",
+    "blocked_on_lock",
     "customer",
     "free_port",
     "new_key",
     "place_order",
+    "row_locked",
     "wait_for",
 ]
 
@@ -83,3 +89,32 @@ def wait_for(
     while not condition():
         assert time.monotonic() < deadline, f"{what} never became true"
         time.sleep(0.05)
+
+
+@contextmanager
+def row_locked(model: type[Model], pk: int) -> Iterator[None]:
+    """Hold a row's lock from another connection while the block runs, as a slow
+    neighbour would (the application's requests, tasks and workers wait on it)."""
+    db = connection.settings_dict
+    table = model._meta.db_table
+    with psycopg.connect(
+        dbname=db["NAME"], user=db["USER"], host=db["HOST"], port=db["PORT"]
+    ) as outside:
+        outside.execute(f"SELECT 1 FROM {table} WHERE id = %s FOR UPDATE", [pk])  # noqa: S608
+        try:
+            yield
+        finally:
+            outside.rollback()
+
+
+def blocked_on_lock(model: type[Model] | None = None) -> bool:
+    """Some connection to the test database waits for a lock (on `model`'s table,
+    when given): the request or task under test is stuck where the test wants it."""
+    pattern = f"%{model._meta.db_table}%FOR UPDATE%" if model else "%"
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+            " AND wait_event_type = 'Lock' AND query ILIKE %s",
+            [pattern],
+        )
+        return cursor.fetchone()[0] > 0

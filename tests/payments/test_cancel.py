@@ -9,12 +9,11 @@ task runs in process, or in a real Celery worker where the test says so.
 import os
 import re
 import signal
-import threading
 from datetime import timedelta
 
 import httpx
 import pytest
-from django.db import connection, connections, transaction
+from django.db import connection
 from django.utils import timezone
 
 from idempotency.models import IdempotencyRecord
@@ -29,7 +28,15 @@ from payments.provider.services import notification_deliver
 from payments.services import payment_redrive, provider_event_process
 from payments.tasks import payment_cancel_open_charges_task
 from tests.conftest import run_in_threads
-from tests.helpers import balance, customer, new_key, place_order, wait_for
+from tests.helpers import (
+    balance,
+    blocked_on_lock,
+    customer,
+    new_key,
+    place_order,
+    row_locked,
+    wait_for,
+)
 from tests.servers import children, free_port
 
 from .processes import celery_worker, pool_child
@@ -275,34 +282,6 @@ def test_the_redrive_cancels_the_charge_of_an_order_that_no_longer_takes_money(
     assert_paid_once_from_the_balance(paid, wallet, 5000)
 
 
-def _hold_payment_lock(payment_id: int, release: threading.Event) -> threading.Thread:
-    locked = threading.Event()
-
-    def hold() -> None:
-        try:
-            with transaction.atomic():
-                Payment.objects.select_for_update().get(pk=payment_id)
-                locked.set()
-                release.wait(60)
-        finally:
-            connections.close_all()
-
-    thread = threading.Thread(target=hold)
-    thread.start()
-    assert locked.wait(10)
-    return thread
-
-
-def _worker_waits_on_the_payment() -> bool:
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
-            "AND query ILIKE %s",
-            ["%payments_payment%FOR UPDATE%"],
-        )
-        return cursor.fetchone()[0] > 0
-
-
 def test_a_cancel_task_killed_mid_way_is_redelivered(worker, provider):
     """The worker is SIGKILLed after the provider cancelled the charge and before
     our payment was marked: `acks_late` delivers the task again, the provider's
@@ -310,11 +289,9 @@ def test_a_cancel_task_killed_mid_way_is_redelivered(worker, provider):
     user, api, wallet = customer("gus", balance=5000)
     order = place_order(user, amount=2100)
     started = provider_pending(api, order)
-    release = threading.Event()
-    holder = _hold_payment_lock(started["id"], release)
-    try:
+    with row_locked(Payment, started["id"]):
         assert pay(api, order, "balance").status_code == 201
-        wait_for(_worker_waits_on_the_payment, what="the task to block mid-way")
+        wait_for(lambda: blocked_on_lock(Payment), what="the task to block mid-way")
         assert Charge.objects.get().status == Charge.Status.CANCELLED
         assert Payment.objects.get(pk=started["id"]).status == "pending"
         victim = pool_child(worker)
@@ -323,9 +300,6 @@ def test_a_cancel_task_killed_mid_way_is_redelivered(worker, provider):
             lambda: children(worker.pid) not in ([], [victim]),
             what="a fresh pool process",
         )
-    finally:
-        release.set()
-        holder.join(10)
     wait_for(
         lambda: Payment.objects.get(pk=started["id"]).status == "cancelled",
         what="the redelivered task",

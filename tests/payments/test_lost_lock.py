@@ -8,53 +8,28 @@ executes, A pays X, and every retry of B is refused as a reuse of A's key.
 """
 
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 
-import psycopg
 import pytest
-from django.db import connection
 from rest_framework.test import APIClient
 
 from ledger.services import merchant_account
 from orders.models import Order
 from payments.models import Payment
 from tests.conftest import Background
-from tests.helpers import assert_problem, customer, new_key, place_order
+from tests.helpers import (
+    assert_problem,
+    blocked_on_lock,
+    customer,
+    new_key,
+    place_order,
+    row_locked,
+    wait_for,
+)
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),
     pytest.mark.usefixtures("on_postgres"),
 ]
-
-
-@contextmanager
-def row_locked(table: str, pk: int) -> Iterator[None]:
-    """Hold a row's lock from another connection, as a slow neighbour would."""
-    db = connection.settings_dict
-    with psycopg.connect(
-        dbname=db["NAME"], user=db["USER"], host=db["HOST"], port=db["PORT"]
-    ) as outside:
-        outside.execute(f"SELECT 1 FROM {table} WHERE id = %s FOR UPDATE", [pk])  # noqa: S608
-        try:
-            yield
-        finally:
-            outside.rollback()
-
-
-def wait_until_blocked() -> None:
-    """Until some backend of the test database waits for a lock."""
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        with connection.cursor() as cursor:
-            cursor.execute(
-                "SELECT count(*) FROM pg_stat_activity "
-                "WHERE datname = current_database() AND wait_event_type = 'Lock'"
-            )
-            if cursor.fetchone()[0]:
-                return
-        time.sleep(0.05)
-    raise AssertionError("the request never blocked on the row lock")
 
 
 def token_client(client: APIClient) -> APIClient:
@@ -81,10 +56,10 @@ def test_a_lost_redis_lock_never_lets_a_reused_key_run(own_redis, settings, loss
     merchant_account(currency="CNY")
     x, y = place_order(user), place_order(user)
     key = new_key()
-    with row_locked(Order._meta.db_table, x.pk):
+    with row_locked(Order, x.pk):
         first = Background(lambda: pay(token_client(client), x, key))
         first.start()
-        wait_until_blocked()  # A runs: its transaction waits for X's row
+        wait_for(blocked_on_lock, what="A's wait for X's row")  # A runs
         if loss == "lease expired":
             time.sleep(1.5)
         else:

@@ -6,12 +6,10 @@ database and kills it at the end; after each, the ledger's invariants hold.
 
 import os
 import signal
-import threading
 import time
 from datetime import timedelta
 
 import pytest
-from django.db import connection, connections, transaction
 from django.utils import timezone
 
 from ledger.invariants import ledger_report
@@ -21,7 +19,15 @@ from orders.services import order_cancel
 from payments.models import Payment, ProviderEvent, Refund, Shipment
 from payments.signatures import sign
 from payments.tasks import redrive_inbox
-from tests.helpers import assert_problem, balance, customer, place_order, wait_for
+from tests.helpers import (
+    assert_problem,
+    balance,
+    blocked_on_lock,
+    customer,
+    place_order,
+    row_locked,
+    wait_for,
+)
 from tests.servers import children
 
 from .helpers import (
@@ -93,52 +99,19 @@ def test_refused_callbacks_change_nothing_while_the_worker_runs(worker, settings
     assert_settled_once(payment)
 
 
-def _hold_order_lock(order_id: int, release: threading.Event) -> threading.Thread:
-    locked = threading.Event()
-
-    def hold() -> None:
-        try:
-            with transaction.atomic():
-                Order.objects.select_for_update().get(pk=order_id)
-                locked.set()
-                release.wait(60)
-        finally:
-            connections.close_all()
-
-    thread = threading.Thread(target=hold)
-    thread.start()
-    assert locked.wait(10)
-    return thread
-
-
-def _worker_waits_on_a_lock() -> bool:
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
-            "AND query ILIKE %s",
-            ["%orders_order%FOR UPDATE%"],
-        )
-        return cursor.fetchone()[0] > 0
-
-
 def test_worker_killed_mid_task_is_redelivered_and_settles_once(worker):
     user, _, _ = customer("carol")
     payment = pending_provider_payment(place_order(user, amount=2200))
-    release = threading.Event()
-    holder = _hold_order_lock(payment.order_id, release)
-    try:
+    with row_locked(Order, payment.order_id):
         assert post_callback(event_body(payment)).status_code == 200
         # The task is inside its transaction, blocked on the order row: kill it.
-        wait_for(_worker_waits_on_a_lock, what="the task to block mid-way")
+        wait_for(lambda: blocked_on_lock(Order), what="the task to block mid-way")
         victim = pool_child(worker)
         os.kill(victim, signal.SIGKILL)
         wait_for(
             lambda: children(worker.pid) not in ([], [victim]),
             what="a fresh pool process",
         )
-    finally:
-        release.set()
-        holder.join(10)
     # acks_late + reject_on_worker_lost: the message went back to the queue.
     wait_for(lambda: all_processed(1), what="the redelivered task")
     wait_for(lambda: dispatched(payment.order), what="the shipment task")
