@@ -39,9 +39,10 @@ def started(key: str) -> None:
         if IdempotencyRecord.objects.filter(key=key).exists():
             return
         with connection.cursor() as cursor:
-            cursor.execute(
+            cursor.execute(  # pg_locks is the whole server's: this database only
                 "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'"
-                " AND pid <> pg_backend_pid()"
+                " AND pid <> pg_backend_pid() AND database ="
+                " (SELECT oid FROM pg_database WHERE datname = current_database())"
             )
             if cursor.fetchone()[0]:
                 return
