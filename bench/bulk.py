@@ -75,8 +75,9 @@ def key_records(conn: psycopg.Connection) -> int:
 
 def load_keys(conn: psycopg.Connection, count: int, *, expired: bool = False) -> float:
     """Add `count` copies of the newest finished key record, live (expiring in a day)
-    or expired a day ago; VACUUM ANALYZE the table (so that autovacuum does not set
-    in during the measurements that follow) and return the seconds it all took."""
+    or expired a day ago; VACUUM ANALYZE the table and CHECKPOINT (so that neither
+    autovacuum nor the flushing of the load's pages weighs on the measurements that
+    follow) and return the seconds it all took."""
     started = time.monotonic()
     template = scalar(
         conn,
@@ -99,6 +100,7 @@ def load_keys(conn: psycopg.Connection, count: int, *, expired: bool = False) ->
         },
     )
     conn.execute(f"VACUUM (ANALYZE) {KEYS}")
+    conn.execute("CHECKPOINT")
     return time.monotonic() - started
 
 
