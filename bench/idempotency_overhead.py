@@ -93,7 +93,7 @@ def options(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="tiny sizes, ~1 min")
     parser.add_argument("--seconds", type=float, help="per scenario (default 8)")
-    parser.add_argument("--rounds", type=int, help="slices of taking turns (4)")
+    parser.add_argument("--rounds", type=int, help="slices of taking turns (8)")
     parser.add_argument(
         "--growth", help="key table sizes (default 10000,1000000,10000000)"
     )
@@ -106,7 +106,7 @@ def options(argv: list[str] | None = None) -> argparse.Namespace:
     quick = args.quick
     defaults = {
         "seconds": 0.3 if quick else 8.0,
-        "rounds": 1 if quick else 4,
+        "rounds": 1 if quick else 8,
         "growth": "1000,3000,10000" if quick else "10000,1000000,10000000",
         "purge_keys": 5000 if quick else 1_000_000,
         "bursts": 2 if quick else 20,
@@ -149,7 +149,8 @@ class Endpoint:
             return sent
 
         def replay(n: int, i: int) -> Sent:
-            return firsts[n]
+            # (a client that made no first request in its slice takes another's)
+            return firsts[n] if n in firsts else next(iter(firsts.values()))
 
         return {"bare": bare, "first": first, "replay": replay}
 
@@ -203,15 +204,18 @@ class Pace:
 def turns(
     target: Target, makers: Mapping[str, MakeRequest], clients: int, pace: Pace
 ) -> dict[str, dict]:
-    """Each scenario for `pace.seconds` in all, taking turns in `pace.rounds` slices,
-    so that whatever else the two cores do weighs on all of them alike."""
-    warm_up = next(iter(makers.values()))
+    """Each scenario for `pace.seconds` in all, taking turns in `pace.rounds` slices
+    (in `makers`' order first, then each round starting one further on), so that
+    whatever else the two cores do weighs on all of them alike."""
+    names = list(makers)
+    warm_up = makers[names[0]]
     hammer(target.url, "", target.token, clients, min(1.0, pace.seconds), warm_up)
-    totals = {name: Hammered() for name in makers}
+    totals = {name: Hammered() for name in names}
     slice_ = pace.seconds / pace.rounds
-    for _ in range(pace.rounds):
-        for name, make in makers.items():
-            got = hammer(target.url, "", target.token, clients, slice_, make)
+    for round_ in range(pace.rounds):
+        turn = round_ % len(names)
+        for name in names[turn:] + names[:turn]:
+            got = hammer(target.url, "", target.token, clients, slice_, makers[name])
             totals[name] = totals[name].add(got)
     return {name: hammered.figures() for name, hammered in totals.items()}
 
@@ -220,42 +224,44 @@ def alone(target: Target, make: MakeRequest, clients: int, seconds: float) -> di
     return hammer(target.url, "", target.token, clients, seconds, make).figures()
 
 
+def ratio_of(a: float, b: float) -> float:
+    return round(a / b, 3) if b else 0.0
+
+
 def ratio(a: dict, b: dict) -> float:
-    return round(a["ok_rps"] / b["ok_rps"], 3) if b["ok_rps"] else 0.0
+    """Answers per second of `a` over `b`'s."""
+    return ratio_of(a["ok_rps"], b["ok_rps"])
 
 
 def endpoint_run(
     target: Target, endpoint: Endpoint, clients: int, pace: Pace
 ) -> dict[str, dict]:
-    """Without and with the layer taking turns, then replays; each against bare."""
-    made = endpoint.scenarios(uuid.uuid4().hex[:8])
-    figures = turns(
-        target, {"bare": made["bare"], "first": made["first"]}, clients, pace
-    )
-    figures["replay"] = alone(target, made["replay"], clients, pace.seconds)
+    """Without the layer, first executions and replays taking turns; each against
+    the first."""
+    figures = turns(target, endpoint.scenarios(uuid.uuid4().hex[:8]), clients, pace)
     for name in ("first", "replay"):
         figures[name]["vs_bare"] = ratio(figures[name], figures["bare"])
     return figures
 
 
 def peers_run(target: Target, clients: int, pace: Pace) -> dict[str, dict]:
-    """The pre-order without the layer and behind every design on this server,
-    taking turns; then each design's replays (the floor has none)."""
+    """The pre-order without the layer, and first executions and replays behind
+    every design on this server (the floor has no replays), all taking turns."""
     made = {
         name: fixed(path).scenarios(uuid.uuid4().hex[:8])
         for name, path in PEERS.items()
     }
     makers = {"bare": made["ours"]["bare"]}
-    makers.update({name: scenarios["first"] for name, scenarios in made.items()})
-    firsts = turns(target, makers, clients, pace)
-    bare = firsts.pop("bare")
-    results: dict[str, dict] = {}
-    for name, first in firsts.items():
-        results[name] = {"first": {**first, "vs_bare": ratio(first, bare)}}
-        if name != "floor":
-            replay = alone(target, made[name]["replay"], clients, pace.seconds)
-            results[name]["replay"] = {**replay, "vs_bare": ratio(replay, bare)}
-    results["ours"] = {"bare": bare, **results["ours"]}
+    makers.update({f"{name} first": made[name]["first"] for name in PEERS})
+    makers.update({f"{name} replay": made[name]["replay"] for name in PEERS})
+    del makers["floor replay"]
+    figures = turns(target, makers, clients, pace)
+    bare = figures.pop("bare")
+    results: dict[str, dict] = {name: {} for name in PEERS}
+    results["ours"]["bare"] = bare
+    for scenario, measured in figures.items():
+        name, kind = scenario.split()
+        results[name][kind] = {**measured, "vs_bare": ratio(measured, bare)}
     return results
 
 
@@ -454,21 +460,22 @@ def purge_run(
 ) -> dict:
     """`keys` expired key records, purged by the project's hourly task on the Celery
     worker (sent again until it finds none: each run stops after its time budget),
-    while writers make first executions at 32 clients; their p99 during the purge
-    against before and after it."""
+    while writers make first executions at 32 clients: their p99 during the purge
+    against before it, and after it (when autovacuum cleans up what it deleted)."""
     from celery import Celery
 
     loaded_in = bulk.load_keys(conn, keys, expired=True)
     writers = fixed(PREORDERS).scenarios(uuid.uuid4().hex[:8])["first"]
     broker = stack.env()["CELERY_BROKER_URL"]
     app = Celery(broker=broker, backend=broker)
-    without = hammer(target.url, "", target.token, 32, seconds / 2, writers)
-    deleted, ended, failed = [0], [0.0], []
+    before = alone(target, writers, 32, seconds)
+    runs: list[int] = []  # what each run of the task deleted
+    ended, failed = [0.0], []
 
     def purge() -> None:
         try:
             while found := app.send_task(PURGE_TASK).get(timeout=600):
-                deleted[0] += found
+                runs.append(found)
         except Exception as exc:
             failed.append(exc)
         ended[0] = time.monotonic()
@@ -478,27 +485,23 @@ def purge_run(
     thread.start()
     during = Hammered()
     while thread.is_alive():
-        slice_ = hammer(target.url, "", target.token, 32, 1.0, writers)
-        during = during.add(slice_)
+        during = during.add(hammer(target.url, "", target.token, 32, 1.0, writers))
     thread.join()
     app.close()
     if failed:
         raise RuntimeError(f"the purge task failed: {failed[0]!r}")
-    without = without.add(
-        hammer(target.url, "", target.token, 32, seconds / 2, writers)
-    )
-    quiet, busy = without.figures(), during.figures()
+    after, busy = alone(target, writers, 32, seconds / 2), during.figures()
     took = ended[0] - started
     return {
-        "keys": deleted[0],
+        "keys": sum(runs),
+        "task_runs": len(runs),
         "load_s": round(loaded_in, 1),
         "purge_s": round(took, 1),
-        "keys_per_s": round(deleted[0] / took) if took else 0,
-        "without": quiet,
+        "keys_per_s": round(sum(runs) / took) if took else 0,
+        "before": before,
         "during": busy,
-        "p99_ratio": round(busy["p99_ms"] / quiet["p99_ms"], 3)
-        if quiet["p99_ms"]
-        else 0.0,
+        "after": after,
+        "p99_ratio": ratio_of(busy["p99_ms"], before["p99_ms"]),
     }
 
 
@@ -650,8 +653,9 @@ def summary(out: dict) -> dict:
             "vs_bare"
         ]
     smallest, largest = growth[min(growth, key=int)], growth[max(growth, key=int)]
-    figures["lookup_ms_ratio_10m_vs_10k"] = (
-        round(largest["new_ms"] / smallest["new_ms"], 3) if smallest["new_ms"] else 0.0
+    # (the largest size over the smallest, whatever --growth named)
+    figures["lookup_ms_ratio_10m_vs_10k"] = ratio_of(
+        largest["new_ms"], smallest["new_ms"]
     )
     figures["hot_merchant_ratio"] = out["hot_merchant"]["ratio"]
     figures["purge_p99_ratio"] = out["purge"]["p99_ratio"]
@@ -692,10 +696,15 @@ def report(out: dict, figures: dict) -> None:
     )
     purge = out["purge"]
     print(
-        f"purge of {purge['keys']} expired keys (loaded in {purge['load_s']} s): "
-        f"{purge['purge_s']} s, {purge['keys_per_s']} keys/s; writers' p99 "
-        f"{purge['during']['p99_ms']} ms during, {purge['without']['p99_ms']} ms "
-        f"without ({purge['p99_ratio']}x)"
+        f"purge of {purge['keys']} expired keys (loaded in {purge['load_s']} s) by "
+        f"{purge['task_runs']} run(s) of the task: {purge['purge_s']} s, "
+        f"{purge['keys_per_s']} keys/s; writers at 32 clients, before / during / "
+        "after: "
+        + ", ".join(
+            f"{purge[when]['ok_rps']}/s p99 {purge[when]['p99_ms']} ms"
+            for when in ("before", "during", "after")
+        )
+        + f" ({purge['p99_ratio']}x)"
     )
     print(
         f"\n{'key records':>12}{'load s':>8}{'first ms':>10}{'replay ms':>10}"
