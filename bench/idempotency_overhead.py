@@ -8,20 +8,21 @@ dropped by the run; the benchmark settings make the key optional on the write
 endpoints). Then, in one run:
 
 1. Peers: the pre-order (the smallest write there is, one autocommit INSERT) without
-   the layer, with ours, with the seeds' naive design, with AWS Lambda Powertools'
-   idempotency utility and behind the floor (only the round trips our corrected
-   design cannot do without), all taking turns in slices at 8 and 32 clients; then
-   replays. django-idempotency-key the same way, in a gunicorn of its own.
+   the layer, and first executions and replays with ours, with the seeds' naive
+   design, with AWS Lambda Powertools' idempotency utility and behind the floor
+   (only the round trips our corrected design cannot do without; no replays), all
+   taking turns in slices at 8 and 32 clients. django-idempotency-key the same
+   way, in a gunicorn of its own.
 2. Order creation and a balance payment (the endpoint users pay through; each
    request pays a fresh order of its own, pre-created, from one of 32 funded
-   wallets), without and with the layer, and replays.
+   wallets), without the layer, first executions and replays, taking turns.
 3. Bursts (16 concurrent requests with one key) and a crash (the worker SIGKILLed
    the moment the effect commits, then the key retried until it is answered) for
    every design.
 4. One hot merchant: payments to one merchant account against the same spread over
    32, at 32 clients.
 5. Housekeeping: a million expired keys purged by the project's own task on the real
-   Celery worker while writers run at 32 clients; their p99 against without.
+   Celery worker while writers run at 32 clients; their p99 against before it.
 6. Growth: the key table bulk-loaded to 10 thousand, 1 million and 10 million
    records; at each size a first execution, a replay (from Redis) and a replay from
    the database (Redis emptied first) at one client, and the key lookup's own time
