@@ -55,11 +55,16 @@ test: install-dev lint
 compose-test: install-dev
 	LEDGER_COMPOSE_TEST=required REDIS_URL= $(BIN)/pytest -v -rA tests/ops/test_compose_up.py
 
-# The layer with and without, against the naive design and django-idempotency-key, and
-# beside the floor (the round trips the design cannot do without); prints figures;
-# needs PostgreSQL and Redis on 127.0.0.1 (not part of `make test`).
+# What the layer costs and saves beside its peers (the naive design,
+# django-idempotency-key, AWS Lambda Powertools, the floor) on pre-orders, orders and
+# payments; bursts and crashes; one hot merchant; the purge under load; the key table
+# grown to 10M records; memory. Prints tables and one JSON line (about 20 minutes;
+# PostgreSQL on 127.0.0.1, its own redis-servers). Not part of `make test`, except
+# its --quick smoke test. Options: BENCH_IDEMPOTENCY_ARGS="--quick" (about a minute),
+# or e.g. "--seconds 4 --growth 10000,1000000 --purge-keys 200000".
+BENCH_IDEMPOTENCY_ARGS ?=
 bench-idempotency: install-dev
-	$(BIN)/python bench/idempotency_overhead.py
+	$(BIN)/python bench/idempotency_overhead.py $(BENCH_IDEMPOTENCY_ARGS)
 
 # CPU time and SQL statements per write request, and pyinstrument's call tree of one.
 profile: install-dev

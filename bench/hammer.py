@@ -9,8 +9,12 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-# (client number, request number) -> (body, extra headers)
-MakeRequest = Callable[[int, int], tuple[str, dict[str, str]]]
+# (client number, request number) -> (body, extra headers) or (body, extra headers,
+# path): a request may go to a path of its own (an order's pay URL), and its extra
+# headers win over the defaults (another customer's Authorization).
+MakeRequest = Callable[
+    [int, int], tuple[str, dict[str, str]] | tuple[str, dict[str, str], str]
+]
 
 
 @dataclass
@@ -69,14 +73,14 @@ def hammer(
         conn = http.client.HTTPConnection(host, int(port), timeout=30)
         mine, i = [], 0
         while time.monotonic() < stop_at:
-            body, extra = make_request(n, i)
+            body, extra, *where = make_request(n, i)
             headers = {
-                **extra,
                 "Authorization": f"Token {token}",
                 "Content-Type": "application/json",
+                **extra,
             }
             started = time.perf_counter()
-            conn.request("POST", path, body, headers)
+            conn.request("POST", where[0] if where else path, body, headers)
             response = conn.getresponse()
             response.read()
             mine.append(time.perf_counter() - started)

@@ -31,7 +31,7 @@ import psycopg
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 PG = os.environ.get("BENCH_PG", "postgres://postgres@127.0.0.1:5432")
-DB = "ledger_profile"
+DB = os.environ.get("PROFILE_DB", "ledger_profile")  # dropped and created per run
 os.environ["DJANGO_SETTINGS_MODULE"] = "bench.settings"
 os.environ["DATABASE_URL"] = f"{PG}/{DB}"
 os.environ.setdefault("REDIS_URL", "redis://127.0.0.1:6379/9")

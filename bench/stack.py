@@ -70,9 +70,18 @@ def kill_group(process: subprocess.Popen) -> None:
 class Stack:
     """Start, SIGKILL and restart the run's processes; `close()` ends them all."""
 
-    def __init__(self, workdir: Path, *, web_workers: int, lease_seconds: int) -> None:
+    def __init__(
+        self,
+        workdir: Path,
+        *,
+        web_workers: int,
+        lease_seconds: int,
+        settings: str = "bench.chaos_settings",
+        database: str = DB,
+    ) -> None:
         self.workdir = workdir
         self.web_workers = web_workers
+        self.settings, self.database = settings, database
         self.processes: list[subprocess.Popen] = []
         # Kills every group in `pgids` once the runner is gone, even by SIGKILL (a
         # gunicorn worker whose master died of PR_SET_PDEATHSIG lives on otherwise).
@@ -103,8 +112,8 @@ class Stack:
     def env(self) -> dict[str, str]:
         return {
             **os.environ,
-            "DJANGO_SETTINGS_MODULE": "bench.chaos_settings",
-            "DATABASE_URL": f"{PG}/{DB}",
+            "DJANGO_SETTINGS_MODULE": self.settings,
+            "DATABASE_URL": f"{PG}/{self.database}",
             "REDIS_URL": f"redis://127.0.0.1:{self.cache_port}/12",
             "CELERY_BROKER_URL": f"redis://127.0.0.1:{self.broker_port}/10",
             "IDEMPOTENCY_LEASE_SECONDS": str(self.lease_seconds),
@@ -142,8 +151,8 @@ class Stack:
         """Drop and create the database, migrate, create the customers with their
         opening balances; {name: {"token", "account", "balance"}}."""
         with psycopg.connect(f"{PG}/postgres", autocommit=True) as conn:
-            conn.execute(f"DROP DATABASE IF EXISTS {DB} WITH (FORCE)")
-            conn.execute(f"CREATE DATABASE {DB}")
+            conn.execute(f"DROP DATABASE IF EXISTS {self.database} WITH (FORCE)")
+            conn.execute(f"CREATE DATABASE {self.database}")
         manage = [str(BIN / "python"), "manage.py"]
         subprocess.run(
             [*manage, "migrate", "-v0"], cwd=ROOT, env=self.env(), check=True
@@ -187,7 +196,12 @@ class Stack:
             return process
         raise RuntimeError(f"redis-server on {port} never came up")
 
-    def start_gunicorn(self, name: str, port: int, workers: int) -> subprocess.Popen:
+    def start_gunicorn(
+        self, name: str, port: int, workers: int, settings: str | None = None
+    ) -> subprocess.Popen:
+        """gunicorn on `port`; with `settings`, another settings module than the
+        stack's own (a contender's server)."""
+        env = {**self.env(), "DJANGO_SETTINGS_MODULE": settings or self.settings}
         process = self.spawn(
             name,
             [
@@ -204,6 +218,7 @@ class Stack:
                 "--backlog",
                 "512",
             ],
+            env=env,
         )
         wait_until_up(f"http://127.0.0.1:{port}", process, workers)
         return process

@@ -4,11 +4,21 @@ from django.urls import path
 
 from ledger.urls import urlpatterns as project_urls
 
-from .contenders import FloorPreorderApi, NaivePreorderApi, package_preorder
+from .contenders import (
+    ExpiringPowertoolsPreorderApi,
+    FloorPreorderApi,
+    NaivePreorderApi,
+    PowertoolsPreorderApi,
+    package_preorder,
+)
 
 urlpatterns = [
     path("bench/naive/preorders", NaivePreorderApi.as_view()),
     path("bench/package/preorders", package_preorder),
     path("bench/floor/preorders", FloorPreorderApi.as_view()),
+    path("bench/powertools/preorders", PowertoolsPreorderApi.as_view()),
+    path(
+        "bench/powertools-expiring/preorders", ExpiringPowertoolsPreorderApi.as_view()
+    ),
     *project_urls,
 ]

@@ -1,0 +1,85 @@
+"""`make bench-idempotency`, end to end at tiny sizes, so that it cannot rot.
+
+Runs `bench/idempotency_overhead.py --quick` (its own database, redis-servers,
+gunicorns and Celery worker; about a minute) and checks that it exits 0, that its
+last line is the JSON of every figure issue 19 names, that ours never executed twice,
+and that no process it started outlives it.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from contextlib import suppress
+
+import pytest
+
+from tests.ops.test_chaos import (
+    ROOT,
+    kill_groups,
+    started_groups,
+    wait_until_gone,
+)
+
+FIGURES = {
+    "double_executions",
+    "lost_executions",
+    "errors",
+    "powertools_measured",
+    "powertools_first_ratio_c8",
+    "powertools_first_ratio_c32",
+    "powertools_double_executions_after_crash",
+    "pay_first_ratio_c8",
+    "pay_first_ratio_c32",
+    "first_vs_floor_c8",
+    "first_vs_floor_c32",
+    "replay_ratio_c8",
+    "replay_ratio_c32",
+    "lookup_ms_ratio_10m_vs_10k",
+    "purge_p99_ratio",
+    "purge_keys_per_s",
+    "hot_merchant_ratio",
+    "rss_mb_web",
+    "rss_mb_worker",
+}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(290)
+def test_the_quick_benchmark_prints_every_figure(tmp_path):
+    workdir = tmp_path / "run"
+    bench = [sys.executable, "bench/idempotency_overhead.py", "--quick"]
+    process = subprocess.Popen(
+        [*bench, "--workdir", str(workdir)],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        output, _ = process.communicate(timeout=240)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGTERM)  # the run cleans up on SIGTERM
+        with suppress(subprocess.TimeoutExpired):
+            process.communicate(timeout=30)
+        raise
+    finally:
+        with suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+        left = wait_until_gone(started_groups(workdir), 5)
+        kill_groups(left)
+
+    assert not left, f"process groups outlived the run: {left}"
+    assert process.returncode == 0, output[-6000:]
+    result = json.loads(output.strip().splitlines()[-1])
+    assert not FIGURES - set(result), "figures missing"
+    assert result["double_executions"] == 0
+    assert result["powertools_measured"] == 1
+    # The crash test really crashed: Powertools runs the killed request again.
+    assert result["powertools_double_executions_after_crash"] == 1
+    for name in FIGURES - {"double_executions", "lost_executions", "errors"}:
+        assert result[name] > 0, name
+    assert set(result["growth"]) == {"1000", "3000", "10000"}
