@@ -6,7 +6,8 @@ earlier ones set: `$NO`, `$PAYMENT`, ...). Only the `TOKEN=...` line is replaced
 the real token, and the address only when the server could not get port 8000. Each
 curl call's HTTP status is checked against the comment under it: a status the comment
 starts with (`# 201 ...`), or the `"status"` of the problem it shows; with neither, a
-2xx. ```python blocks run too, with `TOKEN` set, and must print a 2xx status. The
+2xx. ```python blocks that call the server run too, with `TOKEN` set, and must print a
+2xx status (the others show code to write, not to run). The
 compose stack's examples (port 8080) are `tests/ops/test_compose_up.py`'s.
 """
 
@@ -27,7 +28,7 @@ def blocks(readme: Path, language: str) -> list[str]:
         body
         for lang, body in FENCE.findall(readme.read_text())
         if lang == language
-        and (language != "sh" or re.search(r"\bcurl\b", body))
+        and (re.search(r"\bcurl\b", body) if language == "sh" else ":8000" in body)
         and ":8080" not in body  # the compose stack's: tests/ops/test_compose_up.py
     ]
 
