@@ -27,6 +27,7 @@ is 1 on any violation.
 """
 
 import argparse
+import glob
 import json
 import os
 import re
@@ -56,7 +57,7 @@ from tests.servers import children, free_port
 
 LEASE_SECONDS = 5
 NGINX = shutil.which("nginx") or "/usr/sbin/nginx"
-FAKETIME = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1"
+FAKETIME = next(iter(glob.glob("/usr/lib/*/faketime/libfaketime.so.1")), "")
 BEAT_HOSTS = (1, 2)
 RABBITMQ = "amqp://guest:guest@127.0.0.1:5672"
 
