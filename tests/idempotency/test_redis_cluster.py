@@ -127,6 +127,12 @@ def test_first_execution_and_replays_on_the_cluster(
 
 
 @pytest.mark.django_db
+def test_readyz_pings_the_cluster(client, on_cluster):
+    ready = client.get("/readyz")
+    assert ready.status_code == 200 and ready.json()["checks"]["redis"] == "ok"
+
+
+@pytest.mark.django_db
 def test_the_shortcut_answers_no_other_token_or_request(alice, bob, key, on_cluster):
     alice.post(DEPOSITS, {"amount": 5}, key)
     assert "Idempotent-Replayed" not in bob.post(DEPOSITS, {"amount": 5}, key)
