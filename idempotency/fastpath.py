@@ -11,8 +11,8 @@ is usually made by the replay middleware, before Django authenticates the caller
 (`begin_for_credential`); the engine adopts the lock it took. Only a caller Redis does
 not know yet pays for the engine's own `begin`.
 
-On a Redis Cluster (`REDIS_CLUSTER`) every script touches only keys it is given, all
-in one hash slot: a key's lock, cached response and channel share the hash tag
+On a Redis Cluster (`REDIS_CLUSTER`) every script run touches only keys it is given,
+all in one hash slot: a key's lock, cached response and channel share the hash tag
 `{<key digest>:<scope>}`. What a cluster cannot do in one script costs a second round
 trip there: the middleware's begin first reads the caller's scope, then begins; a
 finish that remembers the caller's credential (a key in another slot) writes it
@@ -81,7 +81,7 @@ return 1
 # ARGV: key digest, token, lease ms, revoked mark. Returns {0} (unknown or revoked
 # caller) or `_BEGIN`'s answer with the caller's scope appended: {1, cached, scope} |
 # {2, scope} | {3, scope}. It names keys after the value it read (see `_names`),
-# which a Redis Cluster refuses: there this is two round trips (`_cluster_begin_for`).
+# which a Redis Cluster refuses: there `begin_for_credential` makes two round trips.
 _BEGIN_FOR_CREDENTIAL = """
 local scope = redis.call('GET', KEYS[1])
 if not scope or scope == ARGV[4] then return {0} end

@@ -21,6 +21,7 @@ from prometheus_client import REGISTRY
 from rest_framework.authtoken.models import Token
 
 import idempotency.metrics  # noqa: F401  (registers the counters before we read them)
+from idempotency import fastpath
 from idempotency.fastpath import REVOKED, _names, credential_digest
 from idempotency.redis import Cluster, get_redis
 from tests.conftest import Background, run_in_threads
@@ -48,12 +49,19 @@ def redis_cluster(tmp_path_factory) -> Iterator[OwnCluster]:
 
 
 @pytest.fixture
-def on_cluster(needs_redis, redis_cluster, settings) -> Iterator[OwnCluster]:
-    """The app on the cluster, emptied; the test must not have fallen back."""
+def on_cluster(needs_redis, redis_cluster, settings) -> OwnCluster:
+    """The app on the cluster, emptied."""
     settings.REDIS_URL, settings.REDIS_CLUSTER = redis_cluster.url, True
     redis_cluster.flush()
+    return redis_cluster
+
+
+@pytest.fixture
+def no_fallback(on_cluster) -> Iterator[None]:
+    """The test's requests all went through the cluster: none fell back (as every
+    one would if a script's keys were in two slots)."""
     before = fallbacks()
-    yield redis_cluster
+    yield
     assert fallbacks() == before, "a request fell back to the database"
 
 
@@ -97,6 +105,7 @@ def wait_for_lock(customer, key: str) -> None:
         time.sleep(0.02)
 
 
+@pytest.mark.usefixtures("no_fallback")
 @pytest.mark.django_db
 def test_first_execution_and_replays_on_the_cluster(
     alice, key, on_cluster, monkeypatch, django_assert_num_queries
@@ -132,6 +141,7 @@ def test_readyz_pings_the_cluster(client, on_cluster):
     assert ready.status_code == 200 and ready.json()["checks"]["redis"] == "ok"
 
 
+@pytest.mark.usefixtures("no_fallback")
 @pytest.mark.django_db
 def test_the_shortcut_answers_no_other_token_or_request(alice, bob, key, on_cluster):
     alice.post(DEPOSITS, {"amount": 5}, key)
@@ -146,8 +156,13 @@ def test_the_shortcut_answers_no_other_token_or_request(alice, bob, key, on_clus
 
 
 @pytest.mark.django_db(transaction=True)
-@pytest.mark.usefixtures("on_postgres")
-def test_in_flight_then_prefer_wait_on_the_cluster(alice, key, on_cluster):
+@pytest.mark.usefixtures("on_postgres", "no_fallback")
+def test_in_flight_then_prefer_wait_on_the_cluster(alice, key, on_cluster, monkeypatch):
+    woken: list[bool] = []  # what Redis's wait answered: True if it did the waiting
+    wait = fastpath.wait_for_finish
+    monkeypatch.setattr(
+        fastpath, "wait_for_finish", lambda *a: woken.append(wait(*a)) or woken[-1]
+    )
     body = {"amount": 5, "sleep": 1.5}
     first = Background(lambda: alice.post(DEPOSITS, body, key))
     first.start()
@@ -163,6 +178,7 @@ def test_in_flight_then_prefer_wait_on_the_cluster(alice, key, on_cluster):
     assert answer.status_code == 201, answer.content
     assert waited.status_code == 201 and waited["Preference-Applied"] == "wait=8"
     assert waited.content == answer.content and waited["Idempotent-Replayed"] == "true"
+    assert woken == [True]  # woken by the finish's PUBLISH, relayed by the cluster
     assert alice.deposits() == 1
 
 
