@@ -275,18 +275,22 @@ def test_a_primary_killed_mid_run_executes_each_key_once(
             n += 1
         return statuses
 
+    def requests_sent(count: int) -> None:
+        for _ in range(count):
+            assert sent.acquire(timeout=30), "the requests stopped"
+
     def killer() -> None:
         try:
-            for _ in range(40):
-                sent.acquire()
+            requests_sent(40)
             redis_cluster.kill(victim)  # requests are in flight on every thread
             redis_cluster.wait_for_new_primary(locks[owners.index(victim)], victim)
-            for _ in range(40):  # and keep coming after the promotion
-                sent.acquire()
+            requests_sent(40)  # and keep coming after the promotion
+            killed.set()
         finally:
             done.set()
 
-    assassin = threading.Thread(target=killer)
+    killed = threading.Event()
+    assassin = threading.Thread(target=killer, daemon=True)
     assassin.start()
     try:
         results = run_in_threads(8, work)
@@ -295,6 +299,7 @@ def test_a_primary_killed_mid_run_executes_each_key_once(
         assassin.join(timeout=60)
     try:
         assert all(isinstance(r, list) for r in results), results
+        assert killed.is_set(), "the primary was not killed mid-run"
         statuses = [s for r in results for s in r]
         assert set(statuses) <= {201, 409}, statuses  # never a 5xx
         assert fallbacks() > before  # the outage was felt, and fallen back from
