@@ -206,10 +206,12 @@ class OwnRedis:
         assert self.process is not None
         stop(self.process)
         self.start()
+        from redis import Redis
+
         from idempotency.redis import get_redis
 
         client = get_redis()
-        assert client is not None
+        assert isinstance(client, Redis)
         client.connection_pool.disconnect()
 
     def stop(self) -> None:

@@ -131,6 +131,8 @@ DATABASES = {"default": database_from_url(DATABASE_URL)}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 REDIS_URL = env("REDIS_URL")
+# REDIS_URL names one node of a Redis Cluster (database 0), not a single Redis.
+REDIS_CLUSTER = env_bool("REDIS_CLUSTER")
 
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
