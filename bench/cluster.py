@@ -14,7 +14,7 @@ The stack (nothing mocked; PostgreSQL is the machine's own, a database of our ow
 - nginx in front of them (deploy/nginx.conf, one upstream line per host), and the
   run's cutting proxy in front of nginx; the provider simulator in its own gunicorn.
 - A Redis Cluster of three primaries with a replica each for the idempotency locks and
-  replay cache (`REDIS_CLUSTER=1`; bench/redis_cluster.py), and RabbitMQ (the
+  replay cache (`REDIS_CLUSTER=1`; tests/redis_cluster.py), and RabbitMQ (the
   machine's, a vhost of our own) as the Celery broker: quorum queues, native delays.
 
 The load and the verdict are bench/load.py's (retrying agents, the audit from the
@@ -50,9 +50,9 @@ import contextlib
 from bench import load as single
 from bench.load import Chaos, Load, _interrupted, _since, overhead, summary
 from bench.proxy import CuttingProxy
-from bench.redis_cluster import RedisCluster
 from bench.stack import BIN, PG, ROOT, Stack, kill_group
 from bench.verdict import check_ledger, database_facts, judge
+from tests.redis_cluster import OwnCluster
 from tests.servers import children, free_port
 
 LEASE_SECONDS = 5
@@ -77,7 +77,8 @@ class ClusterStack(Stack):
         self.skew = skew
         self.host_ports = {n: free_port() for n in range(1, hosts + 1)}
         self.host_groups: dict[int, subprocess.Popen] = {}
-        self.redis = RedisCluster(workdir, self.spawn)
+        (workdir / "redis-cluster").mkdir(exist_ok=True)
+        self.redis = OwnCluster(workdir / "redis-cluster", spawn=self.spawn)
         self.vhost = f"ledger-chaos-{uuid.uuid4().hex[:8]}"
         self.rabbit_restarts = 0
         self.data_dir = workdir / "host-data"  # the same path on every host
@@ -347,7 +348,7 @@ class ClusterChaos(Chaos):
         self._restart(BEAT_HOSTS[0], "beat_host")
 
     def redis_primary(self) -> None:
-        self.stack.redis.kill_primary(self.rng)
+        self.stack.redis.fail_over(self.rng)
         self.load.tally.kills["redis_primary"] += 1
 
     def rabbitmq(self) -> None:

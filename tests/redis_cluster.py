@@ -12,6 +12,7 @@ import signal
 import socket
 import subprocess
 import time
+from collections.abc import Callable
 from contextlib import suppress
 from pathlib import Path
 
@@ -41,8 +42,19 @@ def free_cluster_port(taken: set[int]) -> int:
 
 
 class OwnCluster:
-    def __init__(self, directory: Path, nodes: int = 6) -> None:
+    """`spawn(name, argv)`, when given, starts each node (bench/cluster.py's, which
+    also kills what is left if the runner dies); by default a process group of its
+    own, killed by `stop()`."""
+
+    def __init__(
+        self,
+        directory: Path,
+        nodes: int = 6,
+        spawn: Callable[[str, list[str]], subprocess.Popen] | None = None,
+    ) -> None:
         self.directory = directory
+        self.spawn = spawn
+        self.failovers = 0
         self.ports: list[int] = []
         for _ in range(nodes):
             self.ports.append(free_cluster_port(set(self.ports)))
@@ -62,11 +74,14 @@ class OwnCluster:
             *("--dir", str(self.directory), "--save", "", "--appendonly", "no"),
             *("--repl-diskless-sync-delay", "0"),
         ]
-        log = (self.directory / f"redis-{port}.log").open("a")
-        self.processes[port] = subprocess.Popen(
-            command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-        )
-        log.close()
+        if self.spawn is not None:
+            self.processes[port] = self.spawn(f"redis-cluster-{port}", command)
+        else:
+            log = (self.directory / f"redis-{port}.log").open("a")
+            self.processes[port] = subprocess.Popen(
+                command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            )
+            log.close()
         assert wait_for_port(port), f"redis-server on {port} did not start"
 
     def start(self) -> None:
@@ -172,6 +187,31 @@ class OwnCluster:
                 return port
             time.sleep(0.05)
         raise AssertionError(f"no replica took over from {old}:\n{self.nodes()}")
+
+    def fail_over(self, rng: random.Random) -> int:
+        """SIGKILL a primary, wait for its replica to take its slots, start it again
+        (it rejoins as a replica, as a rebooted machine would); return its port."""
+        port = rng.choice([p for p in self.primaries() if p in self.alive()])
+        self.kill(port)
+        deadline = time.monotonic() + 30
+        while not self.nodes_agree(port):
+            if time.monotonic() > deadline:
+                raise AssertionError(f"no replica took over from {port}")
+            time.sleep(0.1)
+        self.failovers += 1
+        self.start_node(port)
+        self.wait_until_whole()
+        return port
+
+    def nodes_agree(self, dead: int) -> bool:
+        """Every slot is served by a primary other than `dead`."""
+        served = sum(
+            last - first + 1
+            for n in self.nodes()
+            if "master" in n["flags"] and "fail" not in n["flags"] and n["port"] != dead
+            for first, last in n["slots"]
+        )
+        return served == 16384
 
     def flush(self) -> None:
         for port in self.primaries():
