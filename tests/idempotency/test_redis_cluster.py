@@ -1,11 +1,12 @@
 """The engine on a real Redis Cluster: three primaries, three replicas, on loopback.
 
 Every script keeps its keys in one hash slot (a cluster would refuse it with CROSSSLOT,
-and the engine would silently fall back to the database: so each test here also proves
-that nothing fell back). What a cluster cannot do in one script costs a second round
-trip: the replay middleware reads the caller's scope, then begins; a finish remembers
-the caller's credential on its own. Then a primary is SIGKILLed while requests run:
-its replica takes over, and no key runs twice.
+and the engine would quietly fall back to the database: so the tests whose requests run
+one at a time check that nothing fell back, and pin the round trips). What a cluster
+cannot do in one script costs a second round trip: the replay middleware reads the
+caller's scope, then begins; a finish remembers the caller's credential on its own.
+Then a primary is SIGKILLed while requests run: its replica takes over, and no key
+runs twice.
 
 The cluster starts once for the module (about two seconds) and is stopped, every
 process of it, when the module ends.
