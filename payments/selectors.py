@@ -1,6 +1,7 @@
 from django.contrib.auth.models import User
 from django.db.models import QuerySet
-from django.http import Http404
+from django.http import Http404, HttpRequest
+from django.urls import reverse
 from django.shortcuts import get_object_or_404
 
 from orders.models import Order
@@ -18,3 +19,9 @@ def payment_get(*, owner: User, payment_id: int) -> Payment:
     if not 0 < payment_id < 2**63:
         raise Http404("no such payment")
     return get_object_or_404(Payment, pk=payment_id, order__owner=owner)
+
+
+def order_page_url(request: HttpRequest, merchant_order_no: str) -> str:
+    """The shopper's page of an order, as an absolute URL (the provider's pay page
+    links back to it)."""
+    return request.build_absolute_uri(reverse("order-detail", args=[merchant_order_no]))

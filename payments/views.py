@@ -22,7 +22,7 @@ from orders.views import HttpResponseSeeOther, to_order
 
 from .exceptions import ProviderRefused, ProviderUnavailable
 from .models import Payment
-from .selectors import payment_list
+from .selectors import order_page_url, payment_list
 from .services import payment_pay_with_balance, payment_pay_with_provider
 
 
@@ -54,7 +54,11 @@ def order_pay(request: HttpRequest, merchant_order_no: str) -> HttpResponse:
         if request.POST.get("method") == Payment.Method.PROVIDER:
             # This view is the entry point: each step is its own durable transaction.
             steps = Phases.unrecorded()
-            payment = payment_pay_with_provider(order_id=order.pk, phases=steps)
+            payment = payment_pay_with_provider(
+                order_id=order.pk,
+                phases=steps,
+                return_url=order_page_url(request, order.merchant_order_no),
+            )
             return HttpResponseSeeOther(payment.pay_url)
         with transaction.atomic(durable=True):
             payment_pay_with_balance(order_id=order.pk)

@@ -3,6 +3,7 @@
 import hmac
 
 from django.conf import settings
+from django.core.validators import URLValidator
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import get_object_or_404, render
 from django.urls import reverse
@@ -57,6 +58,13 @@ class ChargeCreateApi(_MerchantApi):
         currency = StrictCharField(min_length=3, max_length=3)
         description = StrictCharField(
             max_length=255, required=False, default="", allow_blank=True
+        )
+        return_url = StrictCharField(
+            max_length=500,
+            required=False,
+            default="",
+            allow_blank=True,
+            validators=[URLValidator(schemes=["http", "https"])],
         )
 
     def post(self, request: Request) -> Response:
