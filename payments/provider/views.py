@@ -1,9 +1,9 @@
 """The simulator's HTTP face: a merchant API and a server-rendered pay page."""
 
 import hmac
+from urllib.parse import urlsplit
 
 from django.conf import settings
-from django.core.validators import URLValidator
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import get_object_or_404, render
 from django.urls import reverse
@@ -48,6 +48,23 @@ class _MerchantApi(APIView):
             raise exceptions.AuthenticationFailed("Unknown merchant.")
 
 
+def _web_address(value: str) -> None:
+    """An http(s) address with a host: the pay page links to it, so never a
+    `javascript:` one. Any host name, as the merchant's browser saw it (an intranet
+    name without a dot, a port), is the merchant's to choose."""
+    try:
+        parts = urlsplit(value)
+    except ValueError:
+        parts = None
+    if (
+        parts is None
+        or parts.scheme not in ("http", "https")
+        or not parts.hostname
+        or any(c.isspace() or not c.isprintable() for c in value)
+    ):
+        raise serializers.ValidationError("An http or https URL is required.")
+
+
 class ChargeCreateApi(_MerchantApi):
     class InputSerializer(serializers.Serializer):
         class Meta:
@@ -64,7 +81,7 @@ class ChargeCreateApi(_MerchantApi):
             required=False,
             default="",
             allow_blank=True,
-            validators=[URLValidator(schemes=["http", "https"])],
+            validators=[_web_address],
         )
 
     def post(self, request: Request) -> Response:
