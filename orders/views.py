@@ -48,9 +48,10 @@ def orders_page(request: HttpRequest) -> HttpResponse:
     )
 
 
-# The session remembers the number issued to this visit's order form until an order
-# is placed with it: showing the form again (the nav link, a reload, a second tab)
-# reuses it instead of issuing a pre-order on every visit.
+# The session remembers the number issued to this visit's order form: showing the
+# form again (the nav link, a reload, a second tab) reuses it, until an order is
+# placed with it (seen when the form is next shown, so placing an order costs no
+# session write), instead of issuing a pre-order on every visit.
 FORM_TOKEN_SESSION_KEY = "order_form_token"  # noqa: S105 - a session key
 
 
@@ -69,12 +70,6 @@ def _form_preorder(request: HttpRequest) -> PreOrder:
     preorder = preorder_create(owner=owner)
     request.session[FORM_TOKEN_SESSION_KEY] = preorder.merchant_order_no
     return preorder
-
-
-def _form_token_used(request: HttpRequest, token: str) -> None:
-    """An order now has `token`: the next form gets a fresh number."""
-    if request.session.get(FORM_TOKEN_SESSION_KEY) == token:
-        del request.session[FORM_TOKEN_SESSION_KEY]
 
 
 @login_required
@@ -101,7 +96,6 @@ def order_new(request: HttpRequest) -> HttpResponse:
                         description=form.cleaned_data["description"],
                     )
             except DuplicateOrder:
-                _form_token_used(request, token)
                 messages.info(request, _("You already placed this order; here it is."))
                 return to_order(token)
             except MerchantOrderNoUnknown:
@@ -116,7 +110,6 @@ def order_new(request: HttpRequest) -> HttpResponse:
                     }
                 )
             else:
-                _form_token_used(request, token)
                 messages.success(request, _("Order placed."))
                 return to_order(order.merchant_order_no)
         elif "token" in form.errors:

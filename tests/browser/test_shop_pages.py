@@ -52,7 +52,7 @@ WORDS = {
         "already": "这笔支付已经退款。",
         "receipt": "收据",
         "history": "支付记录",
-        "top_up": "充值",
+        "top_up": "钱包充值",
         "order": "订单 {}",
     },
 }
@@ -238,7 +238,7 @@ def test_entries_link_to_their_orders_in_chinese_on_a_phone(browser, shop, shot)
     page.click("#page-older")
     page.wait_for_url(re.compile(r".*/account\?before=\d+$"))
     assert page.locator(".entry").count() == 2  # 21 payments and the deposit
-    assert page.is_visible("text=充值")
+    assert page.is_visible("text=钱包充值")
     fits(page, 390)
     shot(page, "shop-390-zh-hans-16-account-older")
     link = page.locator("a.entry-order").first

@@ -373,7 +373,7 @@ def test_entries_link_to_their_orders_and_read_in_chinese(client, shopper):
     client.post("/i18n/setlang/", {"language": "zh-hans", "next": "/account"})
     page = client.get("/account").content.decode()
     assert f"订单 {order.merchant_order_no}<" in page
-    assert ">充值<" in page
+    assert ">钱包充值<" in page
     assert "Top-up" not in page and f"Order {order.merchant_order_no}" not in page
 
 
@@ -405,7 +405,7 @@ def test_old_entries_without_params_still_read_in_the_readers_language(shopper):
         "Order 123456789": "订单 123456789",
         "Order 123456789 via provider": "订单 123456789（第三方支付）",  # noqa: RUF001
         "Refund of order 123456789": "订单 123456789 退款",
-        "Top-up": "充值",
+        "Top-up": "钱包充值",
         "Order 42": "Order 42",
         "Lunch money": "Lunch money",
     }
