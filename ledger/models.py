@@ -90,6 +90,9 @@ class JournalEntry(models.Model):
     kind = models.CharField(max_length=16, choices=Kind.choices)
     currency = models.CharField(max_length=3)
     description = models.CharField(max_length=255, blank=True)
+    # What `description` says, as a kind of text and its parameters, so that pages
+    # show it in the reader's language (`ledger.texts`); empty for a free text.
+    params = models.JSONField(default=dict, blank=True)
     created_at = models.DateTimeField(auto_now_add=True, db_index=True)
 
     class Meta:

@@ -28,6 +28,7 @@ from .exceptions import (
     StaleVersion,
 )
 from .models import Account, JournalEntry, Posting
+from .texts import entry_english, entry_params
 
 Leg = tuple[int, int]  # (account id, signed amount in minor units)
 
@@ -96,6 +97,7 @@ def ledger_post(
     currency: str,
     legs: Sequence[Leg],
     description: str = "",
+    params: Mapping[str, str] | None = None,
     seen_versions: Mapping[int, int] | None = None,
 ) -> JournalEntry:
     """Record one balanced journal entry and move the balances it names, once.
@@ -107,10 +109,19 @@ def ledger_post(
     twice. Balances then move by conditional UPDATEs
     in account-id order, so two transfers in opposite directions cannot deadlock.
     `seen_versions` adds `AND version = :seen` for callers that read an account first.
+    `params` (see `ledger.texts.entry_params`) say what the entry is in any language;
+    the English `description` is then written from them unless given.
     """
     ordered = _balanced_legs(legs)
+    params = dict(params or {})
+    if params and not description:
+        description = entry_english(params)
     entry = JournalEntry(
-        reference=reference, kind=kind, currency=currency, description=description
+        reference=reference,
+        kind=kind,
+        currency=currency,
+        description=description,
+        params=params,
     )
     if not insert_unless_exists(entry, ["reference"]):
         existing = JournalEntry.objects.get(reference=reference)
@@ -165,7 +176,12 @@ def wallet_get_or_create(*, owner_id: int, currency: str) -> Account:
 
 
 def ledger_deposit(
-    *, account_id: int, amount: int, reference: str, description: str = ""
+    *,
+    account_id: int,
+    amount: int,
+    reference: str,
+    description: str = "",
+    params: Mapping[str, str] | None = None,
 ) -> JournalEntry:
     """Bring `amount` into `account_id` from the outside world, once per reference."""
     if amount <= 0:
@@ -178,6 +194,7 @@ def ledger_deposit(
         currency=account.currency,
         legs=[(world.pk, -amount), (account_id, amount)],
         description=description,
+        params=params,
     )
 
 
@@ -190,6 +207,7 @@ def ledger_transfer(
     reference: str,
     kind: str = JournalEntry.Kind.TRANSFER,
     description: str = "",
+    params: Mapping[str, str] | None = None,
     seen_version: int | None = None,
 ) -> JournalEntry:
     """Debit `source_id` and credit `destination_id` by `amount`, once per reference.
@@ -205,6 +223,7 @@ def ledger_transfer(
         currency=currency,
         legs=[(source_id, -amount), (destination_id, amount)],
         description=description,
+        params=params,
         seen_versions={source_id: seen_version} if seen_version is not None else None,
     )
 
@@ -224,7 +243,7 @@ def wallet_top_up(*, account_id: int, at_least: int) -> JournalEntry | None:
         account_id=account.pk,
         amount=missing,
         reference=f"top-up:{account.pk}:v{account.version}",
-        description="Top-up",
+        params=entry_params("top_up"),
     )
 
 

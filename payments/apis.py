@@ -24,7 +24,7 @@ from orders.fields import (
 from orders.selectors import order_get
 
 from .models import Payment
-from .selectors import payment_get
+from .selectors import order_page_url, payment_get
 from .services import (
     payment_pay_with_balance,
     payment_pay_with_provider,
@@ -83,7 +83,11 @@ class OrderPayApi(APIView):
             owner=authenticated(request), merchant_order_no=merchant_order_no
         )
         if idem is not None:  # the provider
-            payment = payment_pay_with_provider(order_id=order.pk, phases=idem)
+            payment = payment_pay_with_provider(
+                order_id=order.pk,
+                phases=idem,
+                return_url=order_page_url(request, order.merchant_order_no),
+            )
         else:
             payment = payment_pay_with_balance(order_id=order.pk)
         return _created(payment)

@@ -138,7 +138,7 @@ AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
 ]
 LOGIN_URL = "login"
-LOGIN_REDIRECT_URL = "/orders/new"
+LOGIN_REDIRECT_URL = "order-list"
 LOGOUT_REDIRECT_URL = "login"
 
 LANGUAGE_CODE = "en"
