@@ -24,6 +24,7 @@ from .fields import (
     StrictInputSerializer,
     StrictIntegerField,
 )
+from .openapi import IDEMPOTENCY_KEY
 from .selectors import account_postings, transfer_get
 from .services import (
     TransferItem,
@@ -32,13 +33,6 @@ from .services import (
     wallet_get_or_create,
 )
 
-IDEMPOTENCY_KEY = OpenApiParameter(
-    "Idempotency-Key",
-    str,
-    OpenApiParameter.HEADER,
-    required=True,
-    description="1 to 255 printable ASCII characters; one new key per intended write.",
-)
 MAX_TRANSFERS_PER_BATCH = 100
 
 

@@ -74,6 +74,7 @@ class TransferBatchRefused(DomainError):
     refusal's; `errors` names every refused item by its index."""
 
     status = 422
+    code = ""  # per instance: the first refusal's (a code listed by its own class)
     title = "Transfer batch refused"
 
     def __init__(self, refusals: list[tuple[int, DomainError]]) -> None:

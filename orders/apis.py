@@ -173,6 +173,7 @@ class OrderListApi(APIView):
     )
 
     @extend_schema(
+        operation_id="v1_orders_list",
         parameters=[
             OpenApiParameter(
                 "status",

@@ -192,7 +192,7 @@ def test_a_frozen_wallet_on_either_side_refuses(alice, bob, who):
     assert not Transfer.objects.exists()
 
 
-ITEM = {"to": "bob", "amount": 1, "currency": "CNY"}
+ITEM: dict = {"to": "bob", "amount": 1, "currency": "CNY"}
 
 
 @pytest.mark.parametrize(
@@ -281,7 +281,7 @@ def test_opposite_transfers_from_20_threads_never_deadlock():
         sender, to = users[i % 3], users[(i + 1 + i // 3 % 2) % 3]
         if i % 4 == 0:  # some batches, crossing the others' directions
             others = [u for u in users if u != sender]
-            body = {
+            body: dict = {
                 "transfers": [
                     {"to": name, "amount": 10 + i, "currency": "CNY"}
                     for name in (others + others[::-1])
