@@ -4,6 +4,7 @@ changed or removed behind the application's back."""
 import hashlib
 import json
 from io import StringIO
+from itertools import pairwise
 
 import pytest
 from django.core.management import CommandError, call_command
@@ -58,7 +59,7 @@ def test_check_ledger_seals_the_entries_and_prints_the_head(movements):
     assert [s.entry_id for s in seals] == [e.pk for e in movements]
     assert [s.seq for s in seals] == [1, 2, 3]
     assert seals[0].prev_hash == GENESIS
-    for before, seal in zip(seals, seals[1:], strict=False):
+    for before, seal in pairwise(seals):
         assert seal.prev_hash == before.hash
     # The hash is SHA-256(prev_hash || canonical entry and postings).
     last = movements[-1]
