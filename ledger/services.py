@@ -144,7 +144,8 @@ def ledger_post(
     until the first transaction commits, finds the reference taken (`ON CONFLICT DO
     NOTHING`, no savepoint) and gets the existing entry back instead of moving money
     twice. Balances then move by conditional UPDATEs
-    in account-id order, so two transfers in opposite directions cannot deadlock.
+    in account-id order, so two transfers in opposite directions cannot deadlock;
+    each UPDATE returns the balance and version it left, which its posting records.
     `seen_versions` adds `AND version = :seen` for callers that read an account first.
     """
     ordered = _balanced_legs(legs)
