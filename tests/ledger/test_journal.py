@@ -174,3 +174,14 @@ def test_sealers_and_writers_at_once_make_one_unbroken_chain():
     assert seqs == list(range(1, JournalEntry.objects.count() + 1))
     report, _ = check_ledger()
     assert report["ok"], report["violations"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_beat_seals_the_journal_every_minute(settings):
+    from ledger.tasks import seal_journal
+
+    schedule = settings.CELERY_BEAT_SCHEDULE["ledger-seal-journal"]
+    assert schedule == {"task": "ledger.tasks.seal_journal", "schedule": 60.0}
+    customer("alice", balance=5)
+    assert seal_journal() == 1
+    assert seal_journal() == 0
