@@ -15,7 +15,8 @@ The run, start to end (nothing is mocked; see bench/stack.py for the processes):
    without the idempotency layer and with it, from 8 clients straight to gunicorn.
 3. Load: `--clients` agent processes (bench/agent.py, the shipped IdempotentClient)
    each run intents (pre-order, order, pay with the balance or the provider, confirm
-   on the pay page) for `--seconds`; every step is retried `--retries` times with its
+   on the pay page; every fourth intent a transfer to the next agent's customer) for
+   `--seconds`; every step is retried `--retries` times with its
    key, sometimes twice at the same instant. Some agents are SIGKILLed after a pay
    request's reply arrived and before they read it, then started again on the same
    intents.
@@ -130,6 +131,7 @@ class AgentRun:
     store: Path
     doomed: set[int]
     process: subprocess.Popen | None = None
+    peer: str = ""  # the customer its transfer intents send money to
     current: int = 0  # the intent number it is working on
     starts: int = 0
     exited: bool = False
@@ -178,6 +180,8 @@ class Load:
             agent.name,
             "--retries",
             str(self.args.retries),
+            "--peer",
+            agent.peer,
         ]
         if only is not None:
             argv += ["--only", ",".join(map(str, only))]
@@ -301,6 +305,8 @@ class Load:
                 store=self.stack.workdir / f"agent-a{n}.sqlite3",
                 doomed=doomed,
             )
+            if len(customers) > 1:  # each sends transfers to the next one's customer
+                agent.peer = customers[(n + 1) % len(customers)]["username"]
             self.agents.append(agent)
             self.spawn_agent(agent)
         chaos = self.chaos(self) if self.args.chaos else None

@@ -258,6 +258,11 @@ CELERY_BEAT_SCHEDULE = {
         "task": "idempotency.tasks.complete_stuck_keys",
         "schedule": 60.0,
     },
+    # The journal's hash chain: entries committed since the last run get their seal.
+    "ledger-seal-journal": {
+        "task": "ledger.tasks.seal_journal",
+        "schedule": 60.0,
+    },
     "ledger-check-invariants": {
         "task": "ledger.tasks.check_invariants",
         "schedule": 600.0,
