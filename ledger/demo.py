@@ -1,6 +1,9 @@
-"""The demo data of `make run`: a funded shopper and an admin."""
+"""The demo data of `make run`: a funded shopper and an admin, plus whatever the apps
+above the ledger register (`demo_seeder`: the orders app's products), so the ledger
+seeds them without importing those apps."""
 
 import secrets
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +16,20 @@ DEMO_CUSTOMER = "demo"
 # A local demo shopper, printed on every `make run`; not a secret.
 DEMO_PASSWORD = "demo-password"  # noqa: S105
 DEMO_BALANCE = 100_000
+
+# name -> function seeding an app's demo data and returning what to show of it
+_seeders: dict[str, Callable[[], Any]] = {}
+
+
+def demo_seeder(name: str) -> Callable[[Callable[[], Any]], Callable[[], Any]]:
+    """Register `seed()` to run on every `demo_seed()`; its result is shown under
+    `name`. It must be idempotent (it runs on every `make run`)."""
+
+    def register(seed: Callable[[], Any]) -> Callable[[], Any]:
+        _seeders[name] = seed
+        return seed
+
+    return register
 
 
 def demo_seed() -> dict[str, Any]:
@@ -29,7 +46,9 @@ def demo_seed() -> dict[str, Any]:
     wallet_top_up(account_id=wallet.pk, at_least=DEMO_BALANCE)
     wallet.refresh_from_db()
     stored = settings.DATA_DIR / "admin-password"
+    extras = {name: seed() for name, seed in _seeders.items()}
     return {
+        **extras,
         "customer": {
             "username": DEMO_CUSTOMER,
             "password": DEMO_PASSWORD,

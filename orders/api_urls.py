@@ -7,6 +7,7 @@ from . import apis
 urlpatterns = [
     path("preorders", apis.PreOrderCreateApi.as_view(), name="api-preorder-create"),
     path("orders", apis.OrderCreateApi.as_view(), name="api-order-create"),
+    path("products", apis.ProductListApi.as_view(), name="api-product-list"),
     path(
         "orders/<str:merchant_order_no>",
         apis.OrderDetailApi.as_view(),

@@ -13,6 +13,9 @@ from ledger.currencies import SUPPORTED_CURRENCIES, currency_supported
 
 # Far above any real order, far below BIGINT: an absurd number is a 400, never a 500.
 MAX_AMOUNT = 10**15
+# An order placed with items: at most this many lines, each of at most this many units.
+MAX_ORDER_LINES = 50
+MAX_ITEM_QUANTITY = 1000
 
 
 class StrictIntegerField(serializers.IntegerField):
@@ -63,3 +66,16 @@ class StrictInputSerializer(serializers.Serializer):
                 {name: ["Unknown field."] for name in unknown}
             )
         return attrs
+
+
+class StrictNestedSerializer(serializers.Serializer):
+    """A nested input object (a list's item) that refuses keys it does not know."""
+
+    def to_internal_value(self, data: Any) -> Any:
+        if isinstance(data, dict):
+            unknown = sorted(set(data) - set(self.fields))
+            if unknown:
+                raise serializers.ValidationError(
+                    {name: ["Unknown field."] for name in unknown}
+                )
+        return super().to_internal_value(data)

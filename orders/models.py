@@ -240,7 +240,7 @@ class OrderItem(models.Model):
         ]
 
     def __str__(self) -> str:
-        return f"{self.quantity} × {self.sku}"
+        return f"{self.quantity} x {self.sku}"
 
     @property
     def amount(self) -> int:
