@@ -182,28 +182,28 @@ def _order_take_stock(order: Order, lines: list[OrderItem]) -> None:
     caller's rollback gives them back).
     """
     taken: dict[int, int] = {}
-    try:
-        for line in sorted(lines, key=lambda line: line.product_id):
-            stock_move(
-                product_id=line.product_id,
-                quantity=-line.quantity,
-                reference=f"order:{order.pk}:take:{line.product_id}",
-                kind=StockMovement.Kind.ORDER,
-            )
-            taken[line.product_id] = line.quantity
-    except OutOfStock:
-        left = dict(
-            Product.objects.filter(
-                pk__in=[line.product_id for line in lines]
-            ).values_list("pk", "stock")
+    for line in sorted(lines, key=lambda line: line.product_id):
+        moved = _stock_apply(
+            line.product_id,
+            -line.quantity,
+            f"order:{order.pk}:take:{line.product_id}",
+            StockMovement.Kind.ORDER,
         )
-        for line in lines:
-            stock = left[line.product_id] + taken.get(line.product_id, 0)
-            if stock < line.quantity:
-                raise OutOfStock(
-                    sku=line.sku, quantity=line.quantity, stock=stock
-                ) from None
-        raise
+        if moved is None:
+            break
+        taken[line.product_id] = line.quantity
+    else:
+        return
+    left = dict(
+        Product.objects.filter(pk__in=[line.product_id for line in lines]).values_list(
+            "pk", "stock"
+        )
+    )
+    for line in lines:
+        stock = left[line.product_id] + taken.get(line.product_id, 0)
+        if stock < line.quantity:
+            raise OutOfStock(sku=line.sku, quantity=line.quantity, stock=stock)
+    raise AssertionError("a line was short, then none was")  # pragma: no cover
 
 
 def _order_transition(
@@ -431,6 +431,19 @@ def stock_move(
     there is raises `OutOfStock`; the movement is then already written and the
     caller's transaction must roll back (as an exception does in every entry point).
     """
+    with transaction.atomic(savepoint=False):
+        moved = _stock_apply(product_id, quantity, reference, kind, note)
+        if moved is None:
+            product = Product.objects.get(pk=product_id)
+            raise OutOfStock(sku=product.sku, quantity=-quantity, stock=product.stock)
+    return moved
+
+
+def _stock_apply(
+    product_id: int, quantity: int, reference: str, kind: str, note: str = ""
+) -> bool | None:
+    """`stock_move` without the refusal: None when there is not enough stock (the
+    movement is written: roll back)."""
     if isinstance(quantity, bool) or not isinstance(quantity, int) or quantity == 0:
         raise ValueError("a stock movement moves a non-zero integer quantity")
     movement = StockMovement(
@@ -440,15 +453,13 @@ def stock_move(
         kind=kind,
         note=note,
     )
-    with transaction.atomic(savepoint=False):
-        if not insert_unless_exists(movement, ("reference",)):
-            return False
-        products = Product.objects.filter(pk=product_id)
-        if quantity < 0:
-            products = products.filter(stock__gte=-quantity)
-        if not products.update(stock=F("stock") + quantity, updated_at=timezone.now()):
-            product = Product.objects.get(pk=product_id)
-            raise OutOfStock(sku=product.sku, quantity=-quantity, stock=product.stock)
+    if not insert_unless_exists(movement, ("reference",)):
+        return False
+    products = Product.objects.filter(pk=product_id)
+    if quantity < 0:
+        products = products.filter(stock__gte=-quantity)
+    if not products.update(stock=F("stock") + quantity, updated_at=timezone.now()):
+        return None
     return True
 
 
