@@ -136,9 +136,12 @@ class OrderCreateApi(APIView):
 
         def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
             attrs = super().validate(attrs)
-            if ("amount" in attrs) == ("items" in attrs):
+            if "amount" in attrs and "items" in attrs:
+                both = ["Send either `amount` or `items`, not both."]
+                raise serializers.ValidationError({"amount": both, "items": both})
+            if "amount" not in attrs and "items" not in attrs:
                 raise serializers.ValidationError(
-                    {"non_field_errors": ["Send either `amount` or `items`."]}
+                    {"amount": ["This field is required (or send `items`)."]}
                 )
             return attrs
 

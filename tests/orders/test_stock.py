@@ -369,8 +369,9 @@ ONE = [{"sku": "TEA", "quantity": 1}]
         ({"items": {"sku": "TEA", "quantity": 1}}, "items"),
         ({"items": "TEA"}, "items"),
         ({"items": None}, "items"),
-        ({"items": ONE, "amount": 100}, "non_field_errors"),
-        ({}, "non_field_errors"),
+        ({"items": ONE, "amount": 100}, "items"),
+        ({"items": ONE, "amount": 100}, "amount"),
+        ({}, "amount"),
     ],
 )
 def test_bad_items_are_a_validation_problem(alice, extra, field):
