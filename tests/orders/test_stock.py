@@ -495,3 +495,75 @@ def test_duplicated_cancels_and_expiry_at_once_give_back_once(on_postgres):
     assert StockMovement.objects.filter(kind="return").count() == 1
     assert Order.objects.get(pk=order.pk).status == Order.Status.CANCELLED
     assert PreOrder.objects.count() == 1
+
+
+# --- the web order form -------------------------------------------------------------
+
+
+def web_form(client) -> tuple[str, dict]:
+    """GET /orders/new (redirected to the form naming its token): the token and
+    the quantity field of each product on offer, by SKU."""
+    page = client.get(client.get("/orders/new")["Location"])
+    form = page.context["form"]
+    fields = {p.sku: form.quantity_field(p) for p in form.products}
+    return form["token"].value(), fields
+
+
+def test_web_order_with_products_once_per_form(client, alice):
+    user, _, _ = alice
+    client.force_login(user)
+    product("TEA", price=1200, stock=5)
+    product("MUG", price=450, stock=5)
+    token, fields = web_form(client)
+    post = {"token": token, fields["TEA"]: "2", fields["MUG"]: "", "description": ""}
+    first = client.post("/orders/new", post)
+    again = client.post("/orders/new", post)  # the double click
+    assert first.status_code == again.status_code == 303
+    assert first["Location"] == again["Location"] == f"/orders/{token}"
+    order = Order.objects.get()
+    assert order.amount == 2400
+    assert [(i.sku, i.quantity) for i in order.items.all()] == [("TEA", 2)]
+    assert stock_of("TEA") == 3
+    page = client.get(first["Location"])
+    assert b'data-sku="TEA"' in page.content and "¥24.00" in page.content.decode()
+    # the form of a placed order shows what was ordered
+    shown = client.get(f"/orders/new?token={token}")
+    assert shown.context["form"].initial[fields["TEA"]] == 2
+    # cancelled on the web: the stock comes back
+    assert client.post(f"/orders/{token}/cancel").status_code == 303
+    assert stock_of("TEA") == 5
+
+
+def test_web_order_out_of_stock_shows_the_form_again(client, alice):
+    user, _, _ = alice
+    client.force_login(user)
+    product("TEA", stock=1)
+    token, fields = web_form(client)
+    response = client.post("/orders/new", {"token": token, fields["TEA"]: "2"})
+    assert response.status_code == 200
+    assert "Not enough TEA left" in response.content.decode()
+    assert response.context["form"]["token"].value() == token
+    nothing_written()
+    assert (
+        client.post("/orders/new", {"token": token, fields["TEA"]: "1"}).status_code
+        == 303
+    )
+    assert stock_of("TEA") == 0
+
+
+@pytest.mark.parametrize(
+    ("quantity", "amount"),
+    [("2", "5.00"), ("0", ""), ("", ""), ("-1", ""), ("1001", ""), ("x", "")],
+)
+def test_web_order_bad_choices(client, alice, quantity, amount):
+    user, _, _ = alice
+    client.force_login(user)
+    product("TEA", stock=5)
+    token, fields = web_form(client)
+    post = {"token": token, fields["TEA"]: quantity, "amount": amount}
+    response = client.post("/orders/new", post)
+    assert response.status_code == 200
+    assert response.context["form"].errors
+    assert response.context["form"].products  # the products are still offered
+    nothing_written()
+    assert stock_of("TEA") == 5
