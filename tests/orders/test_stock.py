@@ -567,3 +567,23 @@ def test_web_order_bad_choices(client, alice, quantity, amount):
     assert response.context["form"].products  # the products are still offered
     nothing_written()
     assert stock_of("TEA") == 5
+
+
+def test_the_product_form_speaks_chinese(client, alice):
+    user, _, _ = alice
+    client.force_login(user)
+    product("TEA", stock=5)
+    client.post("/i18n/setlang/", {"language": "zh-hans", "next": "/orders"})
+    page = client.get(client.get("/orders/new")["Location"]).content.decode()
+    assert "选择商品" in page and "剩余 5 件" in page
+
+
+def test_demo_data_includes_products_with_stock(settings, tmp_path):
+    from ledger.demo import demo_seed
+
+    settings.DATA_DIR = tmp_path
+    demo_seed()
+    shown = demo_seed()["products"]  # every `make run` seeds again: idempotent
+    assert len(shown) >= 3 and all(p["stock"] > 0 for p in shown)
+    assert Product.objects.count() == len(shown)
+    assert ledger_report()["ok"], ledger_report()["violations"]
