@@ -203,6 +203,18 @@ def test_check_ledger_names_stock_corrupted_in_sql(alice):
     assert any("'TEA' stock 9 != sum of its stock movements 5" in v for v in violations)
 
 
+def test_check_ledger_names_negative_stock(on_postgres, alice):
+    tea = product("TEA", stock=0)
+    with connection.cursor() as cursor:
+        # Someone dropped the guard (DDL rolls back with the test's transaction).
+        cursor.execute(
+            "ALTER TABLE orders_product DROP CONSTRAINT product_stock_not_negative"
+        )
+        cursor.execute("UPDATE orders_product SET stock = -2 WHERE id = %s", [tea.pk])
+    violations = ledger_report()["violations"]
+    assert "product 'TEA' stock is below zero: -2" in violations
+
+
 # --- create_product ----------------------------------------------------------------
 
 
