@@ -105,3 +105,22 @@ def test_products_are_listed_with_stock_that_only_movements_change(staff):
         {"sku": "MUG", "name": "Mug", "price": 450, "currency": "CNY", "stock": 7},
     )
     assert Product.objects.get(sku="MUG").stock == 0
+
+
+def test_an_order_page_shows_its_items_and_its_payments(staff):
+    from orders.services import (
+        order_create,
+        preorder_create,
+        product_get_or_create,
+        stock_top_up,
+    )
+
+    user, _, _ = customer("alice", balance=10_000)
+    tea, _ = product_get_or_create(sku="TEA-9", name="Tea", price=100, currency="CNY")
+    stock_top_up(product_id=tea.pk, at_least=5)
+    number = preorder_create(owner=user).merchant_order_no
+    order = order_create(owner=user, merchant_order_no=number, items=[("TEA-9", 2)])
+    payment_pay_with_balance(order_id=order.pk)
+    page = staff.get(f"/admin/orders/order/{order.pk}/change/").content.decode()
+    assert "TEA-9" in page and "order items" in page.lower()
+    assert "payments" in page.lower()
