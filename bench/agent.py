@@ -1,7 +1,8 @@
 """One automated shopper for the load run: the shipped IdempotentClient, retried hard.
 
 For each of its intents (`<agent>-<n>`) it takes a pre-order number, creates the order
-and pays it, with the wallet balance or through the provider (then confirms on the
+(one in four by `items` of the stack's product, whose stock it takes) and pays it,
+with the wallet balance or through the provider (then confirms on the
 provider's pay page as the payer's browser would). Every step is an intent of
 `idempotency.client.IdempotentClient`, whose keys live in a SQLite file that survives a
 restart. Each step is sent once (or twice at the same instant, now and then) and then
@@ -37,6 +38,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from idempotency.client import IdempotentClient, OutcomeUnknown, Result
 
 _print_lock = threading.Lock()
+
+# The product one intent in four orders by items; bench/stack.py creates it with stock
+# enough never to run out.
+CHAOS_SKU = "CHAOS-TEA"
 
 
 def emit(**event: Any) -> None:
@@ -158,16 +163,15 @@ class Agent:
         try:
             number = self.send(intent, "number", "/api/v1/preorders", {})
             order_no = number.json()["merchant_order_no"]
+            order: dict[str, Any] = {"merchant_order_no": order_no}
+            if n % 4 == 1:
+                # By items: the order's stock is taken once, whatever the retries.
+                quantity = 1 + n % 5
+                order["items"] = [{"sku": CHAOS_SKU, "quantity": quantity}]
+            else:
+                order.update(amount=amount, currency="CNY")
             self.send(
-                intent,
-                "order",
-                "/api/v1/orders",
-                {
-                    "merchant_order_no": order_no,
-                    "amount": amount,
-                    "currency": "CNY",
-                    "description": intent,
-                },
+                intent, "order", "/api/v1/orders", {**order, "description": intent}
             )
             paid = self.send(
                 intent, "pay", f"/api/v1/orders/{order_no}/pay", {"method": method}

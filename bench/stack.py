@@ -26,6 +26,7 @@ import psycopg
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+from bench.agent import CHAOS_SKU  # noqa: E402
 from tests.servers import (  # noqa: E402
     children,
     free_port,
@@ -36,6 +37,9 @@ from tests.servers import (  # noqa: E402
 
 PG = os.environ.get("BENCH_PG", "postgres://postgres@127.0.0.1:5432")
 DB = os.environ.get("CHAOS_DB", "ledger_chaos")  # dropped and created per run
+# The product bench/agent.py orders by items (one intent in four).
+CHAOS_PRICE = 150
+CHAOS_STOCK = 10**9
 BIN = ROOT / ".venv/bin"
 PR_SET_PDEATHSIG = 1
 _prctl = ctypes.CDLL(None, use_errno=True).prctl  # looked up before any fork
@@ -165,6 +169,10 @@ class Stack:
             "    out = StringIO()\n"
             "    call_command('create_customer', name, balance=balance, stdout=out)\n"
             "    print(out.getvalue().strip())\n"
+            # The product some agents order by items: stock enough never to run out,
+            # so every intent still ends paid or refused for money, never for stock.
+            f"call_command('create_product', {CHAOS_SKU!r}, name='Chaos tea',"
+            f" price={CHAOS_PRICE}, stock={CHAOS_STOCK}, stdout=StringIO())\n"
         )
         out = subprocess.run(
             [*manage, "shell", "-c", script],

@@ -1,7 +1,9 @@
-"""The demo data of `make run`: a funded shopper, a friend to send money to, and an
-admin."""
+"""The demo data of `make run`: a funded shopper, a friend to send money to and an
+admin, plus whatever the apps above the ledger register (`demo_seeder`: the orders
+app's products), so the ledger seeds them without importing those apps."""
 
 import secrets
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +18,20 @@ DEMO_PASSWORD = "demo-password"  # noqa: S105
 DEMO_BALANCE = 100_000
 # A second customer, with an empty wallet, for the README's transfer examples.
 DEMO_FRIEND = "friend"
+
+# name -> function seeding an app's demo data and returning what to show of it
+_seeders: dict[str, Callable[[], Any]] = {}
+
+
+def demo_seeder(name: str) -> Callable[[Callable[[], Any]], Callable[[], Any]]:
+    """Register `seed()` to run on every `demo_seed()`; its result is shown under
+    `name`. It must be idempotent (it runs on every `make run`)."""
+
+    def register(seed: Callable[[], Any]) -> Callable[[], Any]:
+        _seeders[name] = seed
+        return seed
+
+    return register
 
 
 def demo_seed() -> dict[str, Any]:
@@ -34,7 +50,9 @@ def demo_seed() -> dict[str, Any]:
     wallet.refresh_from_db()
     customer_get_or_create(username=DEMO_FRIEND, currency=currency)
     stored = settings.DATA_DIR / "admin-password"
+    extras = {name: seed() for name, seed in _seeders.items()}
     return {
+        **extras,
         "customer": {
             "username": DEMO_CUSTOMER,
             "password": DEMO_PASSWORD,

@@ -63,3 +63,16 @@ class StrictInputSerializer(serializers.Serializer):
                 {name: ["Unknown field."] for name in unknown}
             )
         return attrs
+
+
+class StrictNestedSerializer(serializers.Serializer):
+    """A nested input object (a list's item) that refuses keys it does not know."""
+
+    def to_internal_value(self, data: Any) -> Any:
+        if isinstance(data, dict):
+            unknown = sorted(set(data) - set(self.fields))
+            if unknown:
+                raise serializers.ValidationError(
+                    {name: ["Unknown field."] for name in unknown}
+                )
+        return super().to_internal_value(data)

@@ -1,13 +1,33 @@
+import uuid
+
+from django import forms
 from django.contrib import admin, messages
 from django.db import transaction
 from django.db.models import QuerySet
-from django.http import HttpRequest
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.shortcuts import get_object_or_404
+from django.template.response import TemplateResponse
+from django.urls import URLPattern, path, reverse
+from django.utils.html import format_html
 from django.utils.translation import gettext_lazy as _
 
+from ledger.currencies import SUPPORTED_CURRENCIES
 from ledger.exceptions import DomainError
 
 from . import services
-from .models import Order, PreOrder
+from .exceptions import OutOfStock
+from .models import Order, OrderItem, PreOrder, Product, StockMovement
+
+
+class OrderItemInline(admin.TabularInline):
+    model = OrderItem
+    fields = ("sku", "name", "quantity", "price")
+    readonly_fields = fields
+    extra = 0
+    can_delete = False
+
+    def has_add_permission(self, request: HttpRequest, obj=None) -> bool:
+        return False
 
 
 @admin.register(Order)
@@ -41,6 +61,7 @@ class OrderAdmin(admin.ModelAdmin):
         "paid_at",
     )
     fields = readonly_fields
+    inlines = (OrderItemInline,)
     actions = ("cancel", "ship", "complete")
 
     def has_add_permission(self, request: HttpRequest) -> bool:
@@ -92,4 +113,132 @@ class PreOrderAdmin(admin.ModelAdmin):
         return False
 
     def has_change_permission(self, request: HttpRequest, obj=None) -> bool:
+        return False
+
+
+class StockAdjustForm(forms.Form):
+    # A one-time token made when the form is shown: it becomes the movement's
+    # reference, so a second click (or a resubmitted page) moves nothing.
+    token = forms.UUIDField(widget=forms.HiddenInput)
+    quantity = forms.IntegerField(
+        label=_("Units to add (negative to remove)"),
+        min_value=-(10**9),
+        max_value=10**9,
+    )
+    note = forms.CharField(label=_("Why"), max_length=200)
+
+    def clean_quantity(self) -> int:
+        quantity = self.cleaned_data["quantity"]
+        if quantity == 0:
+            raise forms.ValidationError(_("Enter a number of units other than 0."))
+        return quantity
+
+
+class ProductForm(forms.ModelForm):
+    currency = forms.ChoiceField(
+        choices=[(code, code) for code in SUPPORTED_CURRENCIES]
+    )
+
+    class Meta:
+        model = Product
+        fields = ("sku", "name", "price", "currency")
+
+
+@admin.register(Product)
+class ProductAdmin(admin.ModelAdmin):
+    """Products with their stock. The stock is read-only here: it changes only
+    through stock movements (the "Adjust stock" page, orders, their cancellations)."""
+
+    form = ProductForm
+    list_display = ("sku", "name", "price", "currency", "stock", "updated_at")
+    list_filter = ("currency",)
+    search_fields = ("sku", "name")
+    readonly_fields = ("stock", "adjust_stock", "created_at", "updated_at")
+
+    def get_readonly_fields(self, request: HttpRequest, obj=None) -> tuple:
+        if obj is None:
+            return ("stock",)
+        # The SKU names the product in orders and movements: fixed once made.
+        return ("sku", *self.readonly_fields)
+
+    def has_delete_permission(self, request: HttpRequest, obj=None) -> bool:
+        return False  # its movements and order lines keep naming it
+
+    @admin.display(description=_("adjust stock"))
+    def adjust_stock(self, product: Product) -> str:
+        url = reverse("admin:orders_product_adjust_stock", args=[product.pk])
+        return format_html('<a class="button" href="{}">{}</a>', url, _("Adjust stock"))
+
+    def get_urls(self) -> list[URLPattern]:
+        adjust = path(
+            "<int:product_id>/adjust-stock/",
+            self.admin_site.admin_view(self.adjust_stock_view),
+            name="orders_product_adjust_stock",
+        )
+        return [adjust, *super().get_urls()]
+
+    def adjust_stock_view(self, request: HttpRequest, product_id: int) -> HttpResponse:
+        """Add or remove units through `stock_adjust`, once per shown form."""
+        product = get_object_or_404(Product, pk=product_id)
+        if not self.has_change_permission(request, product):
+            return HttpResponse(status=403)
+        change_url = reverse("admin:orders_product_change", args=[product.pk])
+        if request.method == "POST":
+            form = StockAdjustForm(request.POST)
+            if form.is_valid():
+                data = form.cleaned_data
+                try:
+                    # The view is the entry point: it owns the transaction.
+                    with transaction.atomic(durable=True):
+                        moved = services.stock_adjust(
+                            product_id=product.pk,
+                            quantity=data["quantity"],
+                            reference=f"{product.pk}:{data['token']}",
+                            note=f"{request.user.get_username()}: {data['note']}",
+                        )
+                except OutOfStock as exc:
+                    form.add_error("quantity", exc.detail)
+                else:
+                    if moved:
+                        self.message_user(
+                            request, _("Stock adjusted."), messages.SUCCESS
+                        )
+                    else:
+                        self.message_user(
+                            request,
+                            _("This adjustment was already made; nothing changed."),
+                            messages.WARNING,
+                        )
+                    return HttpResponseRedirect(change_url)
+        else:
+            form = StockAdjustForm(initial={"token": uuid.uuid4()})
+        context = {
+            **self.admin_site.each_context(request),
+            "opts": self.model._meta,
+            "product": product,
+            "form": form,
+            "change_url": change_url,
+            "title": _("Adjust stock"),
+        }
+        template = "admin/orders/product/adjust_stock.html"
+        return TemplateResponse(request, template, context)
+
+
+@admin.register(StockMovement)
+class StockMovementAdmin(admin.ModelAdmin):
+    """The journal of goods: read-only (append-only in the database too)."""
+
+    list_display = ("created_at", "product", "quantity", "kind", "reference", "note")
+    list_filter = ("kind", "created_at")
+    search_fields = ("reference", "product__sku", "note")
+    list_select_related = ("product",)
+    date_hierarchy = "created_at"
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj=None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj=None) -> bool:
         return False

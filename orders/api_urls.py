@@ -8,6 +8,7 @@ urlpatterns = [
     path("preorders", apis.PreOrderCreateApi.as_view(), name="api-preorder-create"),
     # GET lists the caller's orders, POST places one (api-order-list is the same URL).
     path("orders", apis.OrdersApi.as_view(), name="api-order-create"),
+    path("products", apis.ProductListApi.as_view(), name="api-product-list"),
     path(
         "orders/<str:merchant_order_no>",
         apis.OrderDetailApi.as_view(),

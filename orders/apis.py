@@ -1,7 +1,10 @@
+from typing import Any
+
 from django.conf import settings
 from django.urls import reverse
 from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serializer
 from rest_framework import serializers, status
+from rest_framework.pagination import CursorPagination
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -12,14 +15,31 @@ from ledger.auth import authenticated
 
 from .fields import (
     MAX_AMOUNT,
+    MAX_ITEM_QUANTITY,
+    MAX_ORDER_LINES,
     CurrencyField,
     StrictCharField,
     StrictInputSerializer,
     StrictIntegerField,
+    StrictNestedSerializer,
 )
-from .models import MERCHANT_ORDER_NO_MAX_LENGTH, Order
-from .selectors import order_get, order_list
+from .models import MERCHANT_ORDER_NO_MAX_LENGTH, SKU_MAX_LENGTH, Order
+from .selectors import order_get, order_list, product_list
 from .services import order_cancel, order_create, preorder_create
+
+
+class OrderItemOutputSerializer(serializers.Serializer):
+    """One line of an order placed with `items`; `price` is the unit price it was
+    sold at, `amount` the line's total (minor units)."""
+
+    class Meta:
+        ref_name = "OrderItem"
+
+    sku = serializers.CharField()
+    name = serializers.CharField()
+    quantity = serializers.IntegerField()
+    price = serializers.IntegerField()
+    amount = serializers.IntegerField()
 
 
 class OrderOutputSerializer(serializers.Serializer):
@@ -28,6 +48,7 @@ class OrderOutputSerializer(serializers.Serializer):
     currency = serializers.CharField()
     description = serializers.CharField()
     status = serializers.CharField(source="status_name")
+    items = OrderItemOutputSerializer(many=True, source="items.all")
     created_at = serializers.DateTimeField()
     updated_at = serializers.DateTimeField()
     paid_at = serializers.DateTimeField()
@@ -70,17 +91,60 @@ class PreOrderCreateApi(APIView):
         )
 
 
+class OrderItemInputSerializer(StrictNestedSerializer):
+    class Meta:
+        ref_name = "OrderItemInput"
+
+    sku = StrictCharField(max_length=SKU_MAX_LENGTH)
+    quantity = StrictIntegerField(min_value=1, max_value=MAX_ITEM_QUANTITY)
+
+
 class OrderCreateApi(APIView):
+    """Place an order for an amount, or for `items` whose stock it takes.
+
+    With `items` the amount is the sum of price x quantity and the currency the
+    products' (`currency`, if sent, must match them). Refusals: `409 out_of_stock`
+    (its `sku` names the first short line; nothing is taken), `422 product_unknown`,
+    `422 items_currency_mismatch` (products priced in different currencies, or not
+    in the `currency` sent), `422 order_amount_too_large`.
+    """
+
     class InputSerializer(StrictInputSerializer):
         class Meta:
             ref_name = "OrderCreateInput"
 
         merchant_order_no = StrictCharField(max_length=MERCHANT_ORDER_NO_MAX_LENGTH)
-        amount = StrictIntegerField(min_value=1, max_value=MAX_AMOUNT)
+        amount = StrictIntegerField(
+            min_value=1,
+            max_value=MAX_AMOUNT,
+            required=False,
+            help_text="Minor units. Send either `amount` or `items`, not both.",
+        )
+        items = serializers.ListField(
+            child=OrderItemInputSerializer(),
+            min_length=1,
+            max_length=MAX_ORDER_LINES,
+            required=False,
+            help_text=(
+                f"1 to {MAX_ORDER_LINES} lines of `sku` and `quantity` "
+                f"(1 to {MAX_ITEM_QUANTITY}); instead of `amount`."
+            ),
+        )
         currency = CurrencyField(required=False)
         description = StrictCharField(
             required=False, allow_blank=True, max_length=255, default=""
         )
+
+        def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+            attrs = super().validate(attrs)
+            if "amount" in attrs and "items" in attrs:
+                both = ["Send either `amount` or `items`, not both."]
+                raise serializers.ValidationError({"amount": both, "items": both})
+            if "amount" not in attrs and "items" not in attrs:
+                raise serializers.ValidationError(
+                    {"amount": ["This field is required (or send `items`)."]}
+                )
+            return attrs
 
     @extend_schema(
         request=InputSerializer,
@@ -92,13 +156,22 @@ class OrderCreateApi(APIView):
         serializer = self.InputSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
         data = serializer.validated_data
-        order = order_create(
-            owner=authenticated(request),
-            merchant_order_no=data["merchant_order_no"],
-            amount=data["amount"],
-            currency=data.get("currency") or settings.LEDGER_DEFAULT_CURRENCY,
-            description=data["description"],
-        )
+        if "items" in data:
+            order = order_create(
+                owner=authenticated(request),
+                merchant_order_no=data["merchant_order_no"],
+                items=[(line["sku"], line["quantity"]) for line in data["items"]],
+                currency=data.get("currency"),
+                description=data["description"],
+            )
+        else:
+            order = order_create(
+                owner=authenticated(request),
+                merchant_order_no=data["merchant_order_no"],
+                amount=data["amount"],
+                currency=data.get("currency") or settings.LEDGER_DEFAULT_CURRENCY,
+                description=data["description"],
+            )
         response = order_response(order, status_code=status.HTTP_201_CREATED)
         response["Location"] = request.build_absolute_uri(
             reverse("api-order-detail", args=[order.merchant_order_no])
@@ -149,6 +222,52 @@ class OrderCancelApi(APIView):
             owner=authenticated(request), merchant_order_no=merchant_order_no
         )
         return order_response(order_cancel(order_id=order.pk))
+
+
+class Catalogue(CursorPagination):
+    ordering = "sku"  # unique and never changed: a stable cursor
+    page_size = 50
+    max_page_size = 200
+    page_size_query_param = "page_size"
+
+
+class ProductListApi(APIView):
+    """The catalogue with each product's stock, by SKU, paginated."""
+
+    class OutputSerializer(serializers.Serializer):
+        class Meta:
+            ref_name = "Product"
+
+        sku = serializers.CharField()
+        name = serializers.CharField()
+        price = serializers.IntegerField()
+        currency = serializers.CharField()
+        stock = serializers.IntegerField()
+
+    PageSerializer = inline_serializer(
+        "ProductsPage",
+        {
+            "next": serializers.URLField(allow_null=True),
+            "previous": serializers.URLField(allow_null=True),
+            "results": OutputSerializer(many=True),
+        },
+    )
+
+    @extend_schema(
+        parameters=[
+            OpenApiParameter("cursor", str, description="From `next`/`previous`."),
+            OpenApiParameter(
+                "page_size", int, description=f"At most {Catalogue.max_page_size}."
+            ),
+        ],
+        responses={200: PageSerializer},
+    )
+    def get(self, request: Request) -> Response:
+        paginator = Catalogue()
+        page = paginator.paginate_queryset(product_list(), request, view=self)
+        return paginator.get_paginated_response(
+            self.OutputSerializer(page, many=True).data
+        )
 
 
 class OrderListApi(APIView):

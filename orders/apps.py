@@ -6,4 +6,5 @@ class OrdersConfig(AppConfig):
     verbose_name = "Orders"
 
     def ready(self) -> None:
-        from . import checks  # noqa: F401  (registers the settings checks)
+        # Registers the settings checks, the demo products and check_ledger's checks.
+        from . import checks, demo, invariants  # noqa: F401

@@ -53,3 +53,41 @@ class OrderNotPayable(DomainError):
     code = "order_not_payable"
     title = "Order cannot be paid"
     default_detail = "This order was cancelled; it can no longer be paid."
+
+
+class OutOfStock(DomainError):
+    status = 409
+    code = "out_of_stock"
+    title = "Out of stock"
+
+    def __init__(self, *, sku: str, quantity: int, stock: int) -> None:
+        super().__init__(
+            f"Only {stock} of {sku} left; {quantity} asked for. Nothing was taken.",
+            sku=sku,
+        )
+
+
+class ProductUnknown(DomainError):
+    status = 422
+    code = "product_unknown"
+    title = "Unknown product"
+
+    def __init__(self, *, sku: str) -> None:
+        super().__init__(f"There is no product with SKU {sku!r}.", sku=sku)
+
+
+class ItemsCurrencyMismatch(DomainError):
+    status = 422
+    code = "items_currency_mismatch"
+    title = "Items in different currencies"
+    default_detail = (
+        "One order is paid in one currency: its products must all be priced in it "
+        "(and in the `currency` the request names, if it names one)."
+    )
+
+
+class OrderAmountTooLarge(DomainError):
+    status = 422
+    code = "order_amount_too_large"
+    title = "Order amount too large"
+    default_detail = "The items' prices times their quantities add up to too much."

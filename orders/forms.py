@@ -1,10 +1,12 @@
+from collections.abc import Iterable, Mapping
 from decimal import Decimal
+from typing import Any
 
 from django import forms
 from django.utils.translation import gettext_lazy as _
 
-from .fields import MAX_AMOUNT
-from .models import MERCHANT_ORDER_NO_MAX_LENGTH
+from .fields import MAX_AMOUNT, MAX_ITEM_QUANTITY
+from .models import MERCHANT_ORDER_NO_MAX_LENGTH, Product
 
 # Minor units per major unit; the web form takes yuan (or dollars) with two decimals.
 MINOR_PER_MAJOR = 100
@@ -23,6 +25,7 @@ class OrderForm(forms.Form):
     )
     amount = forms.DecimalField(
         label=_("Amount"),
+        required=False,
         min_value=Decimal("0.01"),
         max_value=Decimal(MAX_AMOUNT) / MINOR_PER_MAJOR,
         max_digits=15,
@@ -37,6 +40,74 @@ class OrderForm(forms.Form):
         required=False,
         widget=forms.TextInput(attrs={"placeholder": _("e.g. Coffee beans, 1 kg")}),
     )
+
+    def __init__(
+        self, *args: Any, products: Iterable[Product] = (), **kwargs: Any
+    ) -> None:
+        super().__init__(*args, **kwargs)
+        # One quantity field per product on offer, named by its id (SKUs may hold
+        # characters a form field name should not).
+        self.products = list(products)
+        for product in self.products:
+            self.fields[self.quantity_field(product)] = forms.IntegerField(
+                label=product.name,
+                required=False,
+                min_value=0,
+                max_value=MAX_ITEM_QUANTITY,
+                widget=forms.NumberInput(
+                    attrs={"min": "0", "max": str(MAX_ITEM_QUANTITY), "step": "1"}
+                ),
+            )
+
+    @staticmethod
+    def quantity_field(product: Product) -> str:
+        return f"quantity_{product.pk}"
+
+    @staticmethod
+    def names_quantities(data: Mapping[str, Any]) -> bool:
+        """Whether submitted data fills in any product's quantity."""
+        return any(
+            name.startswith("quantity_") and str(value).strip()
+            for name, value in data.items()
+        )
+
+    def showing(self, products: Iterable[Product]) -> "OrderForm":
+        """This form again (its data, initial values and errors) with `products`
+        offered, to render."""
+        shown = OrderForm(
+            self.data if self.is_bound else None,
+            initial=self.initial,
+            products=products,
+        )
+        if self.is_bound:
+            shown.full_clean()
+            for error in self.non_field_errors():
+                if error not in shown.non_field_errors():
+                    shown.add_error(None, error)
+        return shown
+
+    def product_rows(self) -> list[tuple[Product, forms.BoundField]]:
+        return [(p, self[self.quantity_field(p)]) for p in self.products]
+
+    def clean(self) -> dict[str, Any]:
+        cleaned = super().clean() or {}
+        chosen = self.items()
+        if chosen and cleaned.get("amount") is not None:
+            raise forms.ValidationError(
+                _("Choose products or enter an amount, not both.")
+            )
+        if not chosen and cleaned.get("amount") is None and "amount" not in self.errors:
+            self.add_error("amount", _("Enter an amount or choose products."))
+        return cleaned
+
+    def items(self) -> list[tuple[str, int]]:
+        """The (sku, quantity) lines chosen, in the order the products are shown."""
+        data = getattr(self, "cleaned_data", {})
+        return [
+            (product.sku, data[self.quantity_field(product)])
+            for product in self.products
+            if data.get(self.quantity_field(product))
+        ]
 
     def amount_minor_units(self) -> int:
         return int(self.cleaned_data["amount"] * MINOR_PER_MAJOR)

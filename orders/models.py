@@ -137,3 +137,111 @@ class Order(ConcurrentTransitionMixin, models.Model):
     @transition(field=status, source=REFUNDABLE_STATES, target=Status.REFUNDED)
     def refund(self) -> None:
         pass
+
+
+SKU_MAX_LENGTH = 64
+
+
+class Product(models.Model):
+    """Something the shop sells, with how many units are left.
+
+    `stock` is a running total of the product's stock movements (like an account's
+    balance of its postings): it changes only through `orders.services.stock_move`,
+    which records the movement first and then moves `stock` with one conditional
+    `UPDATE`. The database refuses a negative stock whatever code runs.
+    """
+
+    sku = models.CharField(_("SKU"), max_length=SKU_MAX_LENGTH, unique=True)
+    name = models.CharField(_("name"), max_length=255)
+    price = models.BigIntegerField(_("price"))  # minor units
+    currency = models.CharField(_("currency"), max_length=3)
+    stock = models.BigIntegerField(_("stock"), default=0)
+    created_at = models.DateTimeField(_("created"), auto_now_add=True)
+    updated_at = models.DateTimeField(_("updated"), auto_now=True)
+
+    class Meta:
+        verbose_name = _("product")
+        verbose_name_plural = _("products")
+        ordering = ["sku"]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(stock__gte=0), name="product_stock_not_negative"
+            ),
+            models.CheckConstraint(
+                condition=Q(price__gt=0), name="product_price_positive"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.sku} {self.name}"
+
+
+class StockMovement(models.Model):
+    """One change of a product's stock: the journal of goods, append-only.
+
+    The unique `reference` names the change (`order:<id>:take:<product id>`, ...): a
+    change replayed, retried or raced inserts nothing the second time, and then moves
+    no stock.
+    """
+
+    class Kind(models.TextChoices):
+        RECEIPT = "receipt", _("Receipt")
+        ADJUSTMENT = "adjustment", _("Adjustment")
+        ORDER = "order", _("Taken by an order")
+        RETURN = "return", _("Given back by a cancelled order")
+
+    product = models.ForeignKey(
+        Product, on_delete=models.PROTECT, related_name="movements"
+    )
+    quantity = models.BigIntegerField(_("quantity"))  # signed: + in, - out
+    reference = models.CharField(_("reference"), max_length=255, unique=True)
+    kind = models.CharField(_("kind"), max_length=16, choices=Kind.choices)
+    note = models.CharField(_("note"), max_length=255, blank=True)
+    created_at = models.DateTimeField(_("created"), auto_now_add=True)
+
+    class Meta:
+        verbose_name = _("stock movement")
+        verbose_name_plural = _("stock movements")
+        ordering = ["-id"]
+        constraints = [
+            models.CheckConstraint(
+                condition=~Q(quantity=0), name="stockmovement_quantity_not_zero"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return self.reference
+
+
+class OrderItem(models.Model):
+    """One line of an order placed with `items`: the product, how many, and the
+    price it was sold at (a later price change does not rewrite the order)."""
+
+    order = models.ForeignKey(Order, on_delete=models.PROTECT, related_name="items")
+    product = models.ForeignKey(
+        Product, on_delete=models.PROTECT, related_name="order_items"
+    )
+    sku = models.CharField(_("SKU"), max_length=SKU_MAX_LENGTH)
+    name = models.CharField(_("name"), max_length=255)
+    quantity = models.BigIntegerField(_("quantity"))
+    price = models.BigIntegerField(_("unit price"))  # minor units
+
+    class Meta:
+        verbose_name = _("order item")
+        verbose_name_plural = _("order items")
+        ordering = ["order", "id"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["order", "product"], name="orderitem_unique_order_product"
+            ),
+            models.CheckConstraint(
+                condition=Q(quantity__gt=0), name="orderitem_quantity_positive"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.quantity} x {self.sku}"
+
+    @property
+    def amount(self) -> int:
+        return self.price * self.quantity

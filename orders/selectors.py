@@ -2,7 +2,7 @@ from django.contrib.auth.models import AbstractBaseUser, User
 from django.db.models import QuerySet
 from django.shortcuts import get_object_or_404
 
-from .models import Order, PreOrder
+from .models import Order, PreOrder, Product
 
 
 def order_list(
@@ -34,3 +34,8 @@ def preorder_find(*, owner: User, merchant_order_no: str) -> PreOrder | None:
     return PreOrder.objects.filter(
         owner=owner, merchant_order_no=merchant_order_no
     ).first()
+
+
+def product_list() -> QuerySet[Product]:
+    """The catalogue, by SKU."""
+    return Product.objects.order_by("sku")

@@ -5,12 +5,14 @@ idempotency engine runs them inside the transaction that also stores the respons
 the order and "this key is done" commit together.
 """
 
+from collections.abc import Sequence
 from datetime import timedelta
+from uuid import uuid4
 
 from django.conf import settings
 from django.contrib.auth.models import User
 from django.db import transaction
-from django.db.models import Exists, OuterRef
+from django.db.models import Exists, F, OuterRef, QuerySet
 from django.utils import timezone
 from django_fsm import ConcurrentTransition, can_proceed
 
@@ -21,13 +23,26 @@ from ledger.exceptions import DomainError
 
 from .exceptions import (
     DuplicateOrder,
+    ItemsCurrencyMismatch,
     MerchantOrderNoUnknown,
     OrderAlreadyPaid,
+    OrderAmountTooLarge,
     OrderNotCancellable,
     OrderNotPayable,
     OrderTransitionNotAllowed,
+    OutOfStock,
+    ProductUnknown,
 )
-from .models import PAYABLE_STATES, REFUNDABLE_STATES, Order, PreOrder
+from .fields import MAX_AMOUNT as MAX_ORDER_AMOUNT
+from .models import (
+    PAYABLE_STATES,
+    REFUNDABLE_STATES,
+    Order,
+    OrderItem,
+    PreOrder,
+    Product,
+    StockMovement,
+)
 
 
 def preorder_create(*, owner: User) -> PreOrder:
@@ -43,15 +58,25 @@ def preorder_create(*, owner: User) -> PreOrder:
     )
 
 
+ItemLine = tuple[str, int]  # (sku, quantity)
+
+
 def order_create(
     *,
     owner: User,
     merchant_order_no: str,
-    amount: int,
-    currency: str,
+    amount: int | None = None,
+    currency: str | None = None,
     description: str = "",
+    items: Sequence[ItemLine] | None = None,
 ) -> Order:
     """Create the order for a number a pre-order issued to `owner`, at most once.
+
+    Either an `amount` (with its `currency`) or `items`, `(sku, quantity)` lines whose
+    products set the amount and the currency and whose stock is taken here, in the
+    caller's transaction (see `_order_take_stock`); not enough of any line raises
+    `OutOfStock` and the caller's transaction must roll back (the API's and the web
+    form's do), so nothing is taken.
 
     A number this caller was never issued, or one that expired unused, is refused. A
     second order for the same number is refused with `DuplicateOrder`, which names the
@@ -59,9 +84,14 @@ def order_create(
     `INSERT ... ON CONFLICT DO NOTHING`: a retry, a double click and two racing
     requests all lose the same way, without a savepoint or an exception.
     """
+    if (amount is None) == (items is None):
+        raise ValueError("an order has either an amount or items")
+    lines: list[OrderItem] = []
+    if items is not None:
+        lines, amount, currency = _order_lines(items, currency)
     if isinstance(amount, bool) or not isinstance(amount, int) or amount <= 0:
         raise ValueError("an order amount is a positive integer of minor units")
-    if not currency_supported(currency):
+    if currency is None or not currency_supported(currency):
         raise ValueError(f"the ledger does not hold {currency!r}")
     preorder = PreOrder.objects.filter(
         merchant_order_no=merchant_order_no, owner=owner
@@ -85,7 +115,95 @@ def order_create(
     )
     if not insert_unless_exists(order, ("owner_id", "merchant_order_no")):
         raise DuplicateOrder(merchant_order_no=merchant_order_no)
+    if lines:
+        with transaction.atomic(savepoint=False):
+            for line in lines:
+                line.order = order
+            OrderItem.objects.bulk_create(lines)
+            _order_take_stock(order, lines)
+    # What the response shows, without asking the database again.
+    order._prefetched_objects_cache = {"items": _known_items(order, lines)}  # type: ignore[attr-defined]
     return order
+
+
+def _known_items(order: Order, rows: list[OrderItem]) -> QuerySet[OrderItem]:
+    """The order's items as a prefetch leaves them: answered from `rows`, no query."""
+    queryset = OrderItem.objects.filter(order=order)
+    queryset._result_cache = rows
+    queryset._prefetch_done = True  # type: ignore[attr-defined]
+    return queryset
+
+
+def _order_lines(
+    items: Sequence[ItemLine], currency: str | None
+) -> tuple[list[OrderItem], int, str]:
+    """The order's lines (one per product, quantities of a repeated sku added up, in
+    the order first named), its amount and its currency, from one read of the
+    products."""
+    wanted: dict[str, int] = {}
+    for sku, quantity in items:
+        if isinstance(quantity, bool) or not isinstance(quantity, int) or quantity < 1:
+            raise ValueError("a line's quantity is a positive integer")
+        wanted[sku] = wanted.get(sku, 0) + quantity
+    if not wanted:
+        raise ValueError("an order with items has at least one")
+    products = Product.objects.in_bulk(list(wanted), field_name="sku")
+    lines = []
+    for sku, quantity in wanted.items():
+        product = products.get(sku)
+        if product is None:
+            raise ProductUnknown(sku=sku)
+        lines.append(
+            OrderItem(
+                product=product,
+                sku=product.sku,
+                name=product.name,
+                quantity=quantity,
+                price=product.price,
+            )
+        )
+    currencies = {line.product.currency for line in lines}
+    if len(currencies) != 1 or (currency is not None and currency not in currencies):
+        raise ItemsCurrencyMismatch()
+    amount = sum(line.amount for line in lines)
+    if amount > MAX_ORDER_AMOUNT:
+        raise OrderAmountTooLarge()
+    return lines, amount, currencies.pop()
+
+
+def _order_take_stock(order: Order, lines: list[OrderItem]) -> None:
+    """Take each line's quantity from its product's stock, or refuse them all.
+
+    Products are moved in id order, so two orders for the same products never wait
+    for each other in a circle. Each take is a movement with a reference unique to
+    (order, product) and a conditional decrement (`stock_move`). When a line is
+    short, the first short line in the order the caller named them is the one
+    `OutOfStock` names (the lines already taken are counted as still there: the
+    caller's rollback gives them back).
+    """
+    taken: dict[int, int] = {}
+    for line in sorted(lines, key=lambda line: line.product_id):
+        moved = _stock_apply(
+            line.product_id,
+            -line.quantity,
+            f"order:{order.pk}:take:{line.product_id}",
+            StockMovement.Kind.ORDER,
+        )
+        if moved is None:
+            break
+        taken[line.product_id] = line.quantity
+    else:
+        return
+    left = dict(
+        Product.objects.filter(pk__in=[line.product_id for line in lines]).values_list(
+            "pk", "stock"
+        )
+    )
+    for line in lines:
+        stock = left[line.product_id] + taken.get(line.product_id, 0)
+        if stock < line.quantity:
+            raise OutOfStock(sku=line.sku, quantity=line.quantity, stock=stock)
+    raise AssertionError("a line was short, then none was")  # pragma: no cover
 
 
 def _order_transition(
@@ -117,8 +235,44 @@ def _order_transition(
 
 
 def order_cancel(*, order_id: int) -> Order:
-    """Cancel an order that is still pending payment; anything else is refused."""
-    return _order_transition(order_id, "cancel", OrderNotCancellable)
+    """Cancel an order that is still pending payment; anything else is refused.
+
+    The stock its items took comes back in the same transaction, once (see
+    `order_give_back_stock`).
+    """
+    with transaction.atomic(savepoint=False):
+        order = _order_transition(order_id, "cancel", OrderNotCancellable)
+        lines = list(OrderItem.objects.filter(order_id=order.pk).order_by("pk"))
+        _give_back(order.pk, lines)
+    order._prefetched_objects_cache = {"items": _known_items(order, lines)}  # type: ignore[attr-defined]
+    return order
+
+
+def order_give_back_stock(*, order_id: int) -> int:
+    """Give back the stock a cancelled order's items took; return how many lines
+    came back.
+
+    The caller has moved the order to `cancelled` in its transaction: this never
+    looks at the status (a paid order's stock must never come back, so only the
+    cancellations call it).
+    """
+    return _give_back(order_id, list(OrderItem.objects.filter(order_id=order_id)))
+
+
+def _give_back(order_id: int, lines: list[OrderItem]) -> int:
+    """Each line comes back through a movement whose reference is unique to (order,
+    product, "return"), in product id order: a second call, a retried task or a
+    racing cancellation moves nothing."""
+    returned = 0
+    with transaction.atomic(savepoint=False):
+        for line in sorted(lines, key=lambda line: line.product_id):
+            returned += stock_move(
+                product_id=line.product_id,
+                quantity=line.quantity,
+                reference=f"order:{order_id}:return:{line.product_id}",
+                kind=StockMovement.Kind.RETURN,
+            )
+    return returned
 
 
 def order_ship(*, order_id: int) -> Order:
@@ -176,27 +330,41 @@ def order_mark_refunded(*, order_id: int) -> bool:
 
 
 def order_cancel_expired(*, older_than_seconds: int, batch: int = 500) -> int:
-    """Cancel orders still unpaid `older_than_seconds` after they were placed.
+    """Cancel orders still unpaid `older_than_seconds` after they were placed, and
+    give back the stock they took.
 
-    Batches of conditional `UPDATE ... WHERE status = pending_payment`: an order
-    paid meanwhile is never touched. A provider success arriving after this is
-    refunded by the payments app. Returns how many were cancelled.
+    In batches, each its own transaction: the batch's orders still pending payment
+    are locked (in id order) and re-checked under the lock, so an order paid
+    meanwhile is never touched and one a payment is about to take waits for us and
+    is then refused as cancelled. A provider success arriving after this is refunded
+    by the payments app. Running twice cancels and gives back nothing the second
+    time. Returns how many were cancelled.
     """
     cutoff = timezone.now() - timedelta(seconds=older_than_seconds)
     cancelled = 0
     while True:
-        ids = list(
-            Order.objects.filter(
-                status=Order.Status.PENDING_PAYMENT, created_at__lt=cutoff
+        with transaction.atomic():
+            ids = list(
+                Order.objects.filter(
+                    status=Order.Status.PENDING_PAYMENT, created_at__lt=cutoff
+                )
+                .order_by("pk")
+                .values_list("pk", flat=True)[:batch]
             )
-            .order_by("pk")
-            .values_list("pk", flat=True)[:batch]
-        )
-        if not ids:
-            return cancelled
-        cancelled += Order.objects.filter(
-            pk__in=ids, status=Order.Status.PENDING_PAYMENT
-        ).update(status=Order.Status.CANCELLED, updated_at=timezone.now())
+            if not ids:
+                return cancelled
+            locked = list(
+                Order.objects.filter(pk__in=ids, status=Order.Status.PENDING_PAYMENT)
+                .order_by("pk")
+                .select_for_update()
+                .values_list("pk", flat=True)
+            )
+            Order.objects.filter(pk__in=locked).update(
+                status=Order.Status.CANCELLED, updated_at=timezone.now()
+            )
+            for order_id in locked:
+                order_give_back_stock(order_id=order_id)
+        cancelled += len(locked)
 
 
 # The shortest grace the purge accepts. `order_create` checks a number's expiry and
@@ -230,3 +398,106 @@ def preorder_purge_expired(
     )
     unused = PreOrder.objects.filter(expires_at__lt=cutoff).exclude(Exists(used))
     return delete_in_batches(unused, batch_size=batch_size, max_seconds=max_seconds)
+
+
+def product_get_or_create(
+    *, sku: str, name: str, price: int, currency: str
+) -> tuple[Product, bool]:
+    """The product with this SKU, created with the rest if there is none (True then).
+
+    One `INSERT ... ON CONFLICT DO NOTHING` on the unique SKU: running it again, or
+    twice at once, finds the same product and changes nothing of it.
+    """
+    if isinstance(price, bool) or not isinstance(price, int) or price <= 0:
+        raise ValueError("a price is a positive integer of minor units")
+    if not currency_supported(currency):
+        raise ValueError(f"the ledger does not hold {currency!r}")
+    product = Product(sku=sku, name=name, price=price, currency=currency)
+    if insert_unless_exists(product, ("sku",)):
+        return product, True
+    return Product.objects.get(sku=sku), False
+
+
+def stock_move(
+    *, product_id: int, quantity: int, reference: str, kind: str, note: str = ""
+) -> bool:
+    """Record a stock movement and move the product's stock by `quantity`, once per
+    `reference`; False if the reference was used before (nothing moves then).
+
+    The movement is inserted first (`INSERT ... ON CONFLICT DO NOTHING` on its unique
+    reference): a replay, a retry or a racing duplicate stops there. Then one
+    conditional `UPDATE products SET stock = stock + :q WHERE id = :id AND stock >=
+    -:q` (the condition only when taking), never read-modify-write. Taking more than
+    there is raises `OutOfStock`; the movement is then already written and the
+    caller's transaction must roll back (as an exception does in every entry point).
+    """
+    with transaction.atomic(savepoint=False):
+        moved = _stock_apply(product_id, quantity, reference, kind, note)
+        if moved is None:
+            product = Product.objects.get(pk=product_id)
+            raise OutOfStock(sku=product.sku, quantity=-quantity, stock=product.stock)
+    return moved
+
+
+def _stock_apply(
+    product_id: int, quantity: int, reference: str, kind: str, note: str = ""
+) -> bool | None:
+    """`stock_move` without the refusal: None when there is not enough stock (the
+    movement is written: roll back)."""
+    if isinstance(quantity, bool) or not isinstance(quantity, int) or quantity == 0:
+        raise ValueError("a stock movement moves a non-zero integer quantity")
+    movement = StockMovement(
+        product_id=product_id,
+        quantity=quantity,
+        reference=reference,
+        kind=kind,
+        note=note,
+    )
+    if not insert_unless_exists(movement, ("reference",)):
+        return False
+    products = Product.objects.filter(pk=product_id)
+    if quantity < 0:
+        products = products.filter(stock__gte=-quantity)
+    if not products.update(stock=F("stock") + quantity, updated_at=timezone.now()):
+        return None
+    return True
+
+
+def stock_top_up(*, product_id: int, at_least: int) -> StockMovement | None:
+    """Receive whatever brings the product's stock up to `at_least`; nothing if it
+    has that.
+
+    The row is locked while we decide, and the movement's reference names the stock
+    we decided on and a fresh token, so two concurrent top-ups cannot both add the
+    difference (the second one waits, then sees enough).
+    """
+    with transaction.atomic(savepoint=False):
+        product = Product.objects.select_for_update().get(pk=product_id)
+        missing = at_least - product.stock
+        if missing <= 0:
+            return None
+        reference = f"top-up:{product.pk}:{product.stock}->{at_least}:{uuid4().hex}"
+        stock_move(
+            product_id=product.pk,
+            quantity=missing,
+            reference=reference,
+            kind=StockMovement.Kind.RECEIPT,
+            note=f"Top-up to {at_least}",
+        )
+    return StockMovement.objects.get(reference=reference)
+
+
+def stock_adjust(
+    *, product_id: int, quantity: int, reference: str, note: str = ""
+) -> bool:
+    """Add (or, negative, remove) `quantity` units by hand, once per `reference`
+    (the admin's form carries a one-time token as the reference, so a second click
+    moves nothing); False if that reference was already used. Removing more than
+    there is raises `OutOfStock`."""
+    return stock_move(
+        product_id=product_id,
+        quantity=quantity,
+        reference=f"adjust:{reference}",
+        kind=StockMovement.Kind.ADJUSTMENT,
+        note=note,
+    )

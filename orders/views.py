@@ -16,11 +16,26 @@ from ledger.auth import authenticated
 from ledger.selectors import account_postings
 from ledger.services import wallet_get_or_create
 
-from .exceptions import DuplicateOrder, MerchantOrderNoUnknown, OrderNotCancellable
+from .exceptions import (
+    DuplicateOrder,
+    ItemsCurrencyMismatch,
+    MerchantOrderNoUnknown,
+    OrderAmountTooLarge,
+    OrderNotCancellable,
+    OutOfStock,
+    ProductUnknown,
+)
+from .fields import MAX_ORDER_LINES
 from .forms import OrderForm, major_units
 from .models import PreOrder
 from .paging import keyset_page
-from .selectors import order_find, order_get, order_list, preorder_find
+from .selectors import (
+    order_find,
+    order_get,
+    order_list,
+    preorder_find,
+    product_list,
+)
 from .services import order_cancel, order_create, preorder_create
 
 
@@ -82,19 +97,31 @@ def order_new(request: HttpRequest) -> HttpResponse:
     """
     currency = settings.LEDGER_DEFAULT_CURRENCY
     context: dict = {"currency": currency}
+    products = product_list().filter(currency=currency)[:MAX_ORDER_LINES]
     if request.method == "POST":
-        form = OrderForm(request.POST)
+        # A free amount reads no products (its statements are pinned).
+        chosen = OrderForm.names_quantities(request.POST)
+        form = OrderForm(request.POST, products=products if chosen else ())
         if form.is_valid():
             token = form.cleaned_data["token"]
+            items = form.items()
             try:
                 with transaction.atomic(durable=True):  # this view is the entry point
-                    order = order_create(
-                        owner=authenticated(request),
-                        merchant_order_no=token,
-                        amount=form.amount_minor_units(),
-                        currency=currency,
-                        description=form.cleaned_data["description"],
-                    )
+                    if items:
+                        order = order_create(
+                            owner=authenticated(request),
+                            merchant_order_no=token,
+                            items=items,
+                            description=form.cleaned_data["description"],
+                        )
+                    else:
+                        order = order_create(
+                            owner=authenticated(request),
+                            merchant_order_no=token,
+                            amount=form.amount_minor_units(),
+                            currency=currency,
+                            description=form.cleaned_data["description"],
+                        )
             except DuplicateOrder:
                 messages.info(request, _("You already placed this order; here it is."))
                 return to_order(token)
@@ -107,8 +134,18 @@ def order_new(request: HttpRequest) -> HttpResponse:
                     initial={
                         **form.cleaned_data,
                         "token": _form_preorder(request).merchant_order_no,
-                    }
+                    },
+                    products=products,
                 )
+            except OutOfStock as exc:
+                # Nothing was taken and the token is still unused: same form again.
+                form.add_error(
+                    None,
+                    _("Not enough %(sku)s left; nothing was ordered.")
+                    % {"sku": exc.extra["sku"]},
+                )
+            except (ProductUnknown, ItemsCurrencyMismatch, OrderAmountTooLarge):
+                form.add_error(None, _("These products cannot be ordered together."))
             else:
                 messages.success(request, _("Order placed."))
                 return to_order(order.merchant_order_no)
@@ -116,7 +153,7 @@ def order_new(request: HttpRequest) -> HttpResponse:
             # A mangled token cannot name any order: show the form with a fresh one.
             data = request.POST.copy()
             data["token"] = _form_preorder(request).merchant_order_no
-            form = OrderForm(data)
+            form = OrderForm(data, products=products)
             form.is_valid()
     elif request.method == "GET":
         token = request.GET.get("token", "")
@@ -132,14 +169,20 @@ def order_new(request: HttpRequest) -> HttpResponse:
             return HttpResponseRedirect(f"{reverse('order-new')}?{query}")
         initial: dict[str, object] = {"token": preorder.merchant_order_no}
         if placed is not None:
-            initial.update(
-                amount=major_units(placed.amount),
-                description=placed.description,
-            )
-        form = OrderForm(initial=initial)
+            lines = {line.product_id: line.quantity for line in placed.items.all()}
+            if lines:
+                initial.update(
+                    {OrderForm.quantity_field(p): lines.get(p.pk) for p in products}
+                )
+            else:
+                initial["amount"] = major_units(placed.amount)
+            initial["description"] = placed.description
+        form = OrderForm(initial=initial, products=products)
         context["placed"] = placed
     else:
         return HttpResponse(status=405, headers={"Allow": "GET, POST"})
+    if not form.products:
+        form = form.showing(products)
     response = render(request, "orders/order_new.html", {**context, "form": form})
     # Never `no-store`: a browser may then keep the page (and what was typed into it)
     # for the back button.

@@ -29,7 +29,8 @@ admin.site.unregister(Order)
 
 @admin.register(Order)
 class OrderWithPaymentsAdmin(OrderAdmin):
-    inlines = (PaymentInline,)
+    def get_inlines(self, request: HttpRequest, obj: Order | None) -> list:
+        return [*super().get_inlines(request, obj), PaymentInline]
 
 
 @admin.register(Payment)

@@ -17,6 +17,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from ledger.services import merchant_account
+from orders.services import product_get_or_create, stock_top_up
 from tests.helpers import customer, new_key, place_order
 from tests.payments.helpers import event_body, pending_provider_payment, post_callback
 
@@ -91,7 +92,40 @@ def test_pay_with_balance(alice):
 def test_cancel(alice):
     user, client = alice
     path = f"/api/v1/orders/{place_order(user).merchant_order_no}/cancel"
-    assert_statements(8, 200, lambda: post(client, path, {}, new_key()))
+    # token, BEGIN, key lookup, the order (owner check), lock it, the conditional
+    # status update, its items (the stock to give back: none here, and the response
+    # shows them), key record, COMMIT
+    assert_statements(9, 200, lambda: post(client, path, {}, new_key()))
+
+
+def test_order_with_items(alice):
+    _, client = alice
+    for sku in ("TEA", "MUG"):
+        product, _ = product_get_or_create(sku=sku, name=sku, price=500, currency="CNY")
+        stock_top_up(product_id=product.pk, at_least=10)
+    number = post(client, "/api/v1/preorders", key=new_key()).json()
+    items = [{"sku": "TEA", "quantity": 2}, {"sku": "MUG", "quantity": 1}]
+    body = {"merchant_order_no": number["merchant_order_no"], "items": items}
+    # token, BEGIN, key lookup, the products (one read for all lines), the pre-order,
+    # the order, its items (one INSERT), then per line in product id order: the
+    # movement (INSERT ... ON CONFLICT DO NOTHING) and the conditional decrement;
+    # key record, COMMIT
+    assert_statements(13, 201, lambda: post(client, "/api/v1/orders", body, new_key()))
+
+
+def test_cancel_with_items(alice):
+    _, client = alice
+    product, _ = product_get_or_create(sku="TEA", name="Tea", price=500, currency="CNY")
+    stock_top_up(product_id=product.pk, at_least=10)
+    number = post(client, "/api/v1/preorders", key=new_key()).json()
+    body = {
+        "merchant_order_no": number["merchant_order_no"],
+        "items": [{"sku": "TEA", "quantity": 2}],
+    }
+    post(client, "/api/v1/orders", body, new_key())
+    path = f"/api/v1/orders/{number['merchant_order_no']}/cancel"
+    # as above, plus per line: the return movement and the increment
+    assert_statements(11, 200, lambda: post(client, path, {}, new_key()))
 
 
 def test_refund(alice):

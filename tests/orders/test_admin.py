@@ -1,3 +1,5 @@
+import uuid
+
 import pytest
 
 from orders.models import Order
@@ -59,3 +61,66 @@ def test_payments_are_read_only_in_the_admin(staff):
     url = f"/admin/payments/payment/{payment.pk}/change/"
     assert staff.get(url).status_code == 200
     assert b'name="_save"' not in staff.get(url).content
+
+
+def test_products_are_listed_with_stock_that_only_movements_change(staff):
+    from orders.models import Product, StockMovement
+    from orders.services import product_get_or_create, stock_top_up
+
+    tea, _ = product_get_or_create(sku="TEA", name="Tea", price=100, currency="CNY")
+    stock_top_up(product_id=tea.pk, at_least=5)
+    listing = staff.get("/admin/orders/product/")
+    assert listing.status_code == 200 and "TEA" in listing.content.decode()
+    # the stock field is read-only: a posted stock is ignored
+    change = f"/admin/orders/product/{tea.pk}/change/"
+    assert staff.get(change).status_code == 200
+    staff.post(
+        change, {"name": "Green tea", "price": 100, "currency": "CNY", "stock": 99}
+    )
+    tea.refresh_from_db()
+    assert (tea.name, tea.stock) == ("Green tea", 5)
+    assert staff.get("/admin/orders/stockmovement/").status_code == 200
+
+    url = f"/admin/orders/product/{tea.pk}/adjust-stock/"
+    token = staff.get(url).context["form"].initial["token"]
+    form = {"token": str(token), "quantity": "-2", "note": "broken in the warehouse"}
+    first = staff.post(url, form)
+    again = staff.post(url, form)  # the second click
+    assert first.status_code == again.status_code == 302
+    tea.refresh_from_db()
+    assert tea.stock == 3
+    assert StockMovement.objects.filter(kind="adjustment").count() == 1
+    # more than there is, or 0, or a token that is not one: refused, nothing moves
+    for bad in (
+        {**form, "token": str(uuid.uuid4()), "quantity": "-4"},
+        {**form, "token": str(uuid.uuid4()), "quantity": "0"},
+        {**form, "token": "not-a-token"},
+    ):
+        response = staff.post(url, bad)
+        assert response.status_code == 200 and response.context["form"].errors
+    assert Product.objects.get(pk=tea.pk).stock == 3
+    # a new product starts with no stock whatever is posted
+    staff.post(
+        "/admin/orders/product/add/",
+        {"sku": "MUG", "name": "Mug", "price": 450, "currency": "CNY", "stock": 7},
+    )
+    assert Product.objects.get(sku="MUG").stock == 0
+
+
+def test_an_order_page_shows_its_items_and_its_payments(staff):
+    from orders.services import (
+        order_create,
+        preorder_create,
+        product_get_or_create,
+        stock_top_up,
+    )
+
+    user, _, _ = customer("alice", balance=10_000)
+    tea, _ = product_get_or_create(sku="TEA-9", name="Tea", price=100, currency="CNY")
+    stock_top_up(product_id=tea.pk, at_least=5)
+    number = preorder_create(owner=user).merchant_order_no
+    order = order_create(owner=user, merchant_order_no=number, items=[("TEA-9", 2)])
+    payment_pay_with_balance(order_id=order.pk)
+    page = staff.get(f"/admin/orders/order/{order.pk}/change/").content.decode()
+    assert "TEA-9" in page and "order items" in page.lower()
+    assert "payments" in page.lower()

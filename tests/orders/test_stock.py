@@ -1,0 +1,601 @@
+"""Products and stock: movements with unique references, the conditional decrement in
+the order's transaction, and stock given back exactly once on cancel or expiry."""
+
+import json
+from datetime import timedelta
+from io import StringIO
+
+import pytest
+from django.core.management import call_command
+from django.core.management.base import CommandError
+from django.db import DatabaseError, IntegrityError, connection, transaction
+from django.utils import timezone
+from rest_framework.test import APIClient
+
+from ledger.invariants import ledger_report
+from orders.exceptions import OutOfStock, ProductUnknown
+from orders.models import Order, OrderItem, PreOrder, Product, StockMovement
+from orders.services import (
+    order_cancel,
+    order_cancel_expired,
+    order_create,
+    order_give_back_stock,
+    preorder_create,
+    product_get_or_create,
+    stock_adjust,
+    stock_move,
+    stock_top_up,
+)
+from payments.services import payment_pay_with_balance, payment_refund
+from payments.tasks import cancel_expired_orders
+from tests.conftest import run_in_threads
+from tests.helpers import assert_problem, customer, new_key
+
+pytestmark = pytest.mark.django_db
+
+
+def product(sku: str = "TEA", *, price: int = 1000, stock: int = 5, currency="CNY"):
+    made, _ = product_get_or_create(
+        sku=sku, name=f"{sku} name", price=price, currency=currency
+    )
+    if stock:
+        stock_top_up(product_id=made.pk, at_least=stock)
+    made.refresh_from_db()
+    return made
+
+
+def stock_of(sku: str) -> int:
+    return Product.objects.get(sku=sku).stock
+
+
+def item_order(user, *lines: tuple[str, int]) -> Order:
+    number = preorder_create(owner=user).merchant_order_no
+    with transaction.atomic():
+        return order_create(owner=user, merchant_order_no=number, items=list(lines))
+
+
+def create(client, body: dict, key: str | None = None):
+    headers = {"Idempotency-Key": key or new_key()}
+    return client.post("/api/v1/orders", body, format="json", headers=headers)
+
+
+def preorder(client) -> str:
+    return client.post("/api/v1/preorders", format="json").json()["merchant_order_no"]
+
+
+def nothing_written() -> None:
+    assert not Order.objects.exists()
+    assert not OrderItem.objects.exists()
+    assert not StockMovement.objects.filter(kind=StockMovement.Kind.ORDER).exists()
+
+
+@pytest.fixture
+def alice():
+    return customer("alice", balance=1_000_000)
+
+
+# --- services ---------------------------------------------------------------------
+
+
+def test_a_movement_moves_stock_once_per_reference():
+    tea = product(stock=0)
+    assert stock_move(product_id=tea.pk, quantity=7, reference="r1", kind="receipt")
+    assert not stock_move(product_id=tea.pk, quantity=7, reference="r1", kind="receipt")
+    assert stock_of("TEA") == 7
+    assert StockMovement.objects.filter(product=tea).count() == 1
+
+
+def test_taking_more_than_there_is_refuses_and_the_database_agrees():
+    tea = product(stock=3)
+    with pytest.raises(OutOfStock), transaction.atomic():
+        stock_move(product_id=tea.pk, quantity=-4, reference="r2", kind="order")
+    assert stock_of("TEA") == 3
+    assert not StockMovement.objects.filter(reference="r2").exists()
+    with pytest.raises(IntegrityError), transaction.atomic():
+        Product.objects.filter(pk=tea.pk).update(stock=-1)
+
+
+def test_movements_are_append_only(on_postgres):
+    tea = product(stock=3)
+    with pytest.raises(DatabaseError, match="append-only"), transaction.atomic():
+        StockMovement.objects.filter(product=tea).update(quantity=100)
+    with pytest.raises(DatabaseError, match="append-only"), transaction.atomic():
+        StockMovement.objects.filter(product=tea).delete()
+
+
+def test_top_up_brings_stock_to_at_least():
+    tea = product(stock=5)
+    assert stock_top_up(product_id=tea.pk, at_least=3) is None
+    movement = stock_top_up(product_id=tea.pk, at_least=8)
+    assert movement is not None and movement.quantity == 3
+    assert stock_of("TEA") == 8
+
+
+def test_adjust_once_per_token():
+    tea = product(stock=5)
+    assert stock_adjust(product_id=tea.pk, quantity=-2, reference="tok")
+    assert not stock_adjust(product_id=tea.pk, quantity=-2, reference="tok")
+    assert stock_of("TEA") == 3
+
+
+def test_an_item_order_takes_stock_and_prices_itself(alice):
+    user, _, _ = alice
+    product("TEA", price=1200, stock=5)
+    product("MUG", price=450, stock=2)
+    order = item_order(user, ("MUG", 1), ("TEA", 2), ("MUG", 1))
+    assert (order.amount, order.currency) == (2 * 1200 + 2 * 450, "CNY")
+    assert [(i.sku, i.quantity) for i in order.items.all()] == [("MUG", 2), ("TEA", 2)]
+    assert (stock_of("TEA"), stock_of("MUG")) == (3, 0)
+    assert ledger_report()["ok"], ledger_report()["violations"]
+
+
+def test_the_first_short_line_is_named_and_nothing_is_taken(alice):
+    user, _, _ = alice
+    # MUG has the lower id and is taken first; TEA, named first, is short
+    product("MUG", stock=5)
+    product("TEA", stock=1)
+    with pytest.raises(OutOfStock) as refused:
+        item_order(user, ("TEA", 2), ("MUG", 5))
+    assert refused.value.extra == {"sku": "TEA"}
+    with pytest.raises(OutOfStock) as refused:
+        item_order(user, ("MUG", 6), ("TEA", 2))
+    assert refused.value.extra == {"sku": "MUG"}
+    assert (stock_of("TEA"), stock_of("MUG")) == (1, 5)
+    nothing_written()
+
+
+def test_unknown_products_are_named(alice):
+    user, _, _ = alice
+    product("TEA")
+    with pytest.raises(ProductUnknown) as refused:
+        item_order(user, ("TEA", 1), ("NOPE", 1))
+    assert refused.value.extra == {"sku": "NOPE"}
+    nothing_written()
+
+
+def test_cancel_gives_stock_back_once(alice):
+    user, _, _ = alice
+    product("TEA", stock=5)
+    order = item_order(user, ("TEA", 3))
+    order_cancel(order_id=order.pk)
+    assert stock_of("TEA") == 5
+    assert order_give_back_stock(order_id=order.pk) == 0  # a duplicate: nothing
+    assert stock_of("TEA") == 5
+    assert ledger_report()["ok"], ledger_report()["violations"]
+
+
+def test_paid_and_refunded_orders_keep_their_stock_taken(alice):
+    user, _, _ = alice
+    product("TEA", stock=5)
+    order = item_order(user, ("TEA", 2))
+    payment = payment_pay_with_balance(order_id=order.pk)
+    assert stock_of("TEA") == 3
+    payment_refund(payment_id=payment.pk)
+    assert stock_of("TEA") == 3
+    order_cancel_expired(older_than_seconds=0)
+    assert stock_of("TEA") == 3
+
+
+def test_expiry_gives_stock_back_once_even_when_run_twice(alice, settings):
+    user, _, _ = alice
+    product("TEA", stock=5)
+    old, fresh = item_order(user, ("TEA", 2)), item_order(user, ("TEA", 1))
+    Order.objects.filter(pk=old.pk).update(
+        created_at=timezone.now() - timedelta(hours=2)
+    )
+    settings.ORDER_UNPAID_EXPIRY_SECONDS = 3600
+    assert cancel_expired_orders() == 1
+    assert cancel_expired_orders() == 0
+    assert stock_of("TEA") == 4
+    assert Order.objects.get(pk=fresh.pk).status == Order.Status.PENDING_PAYMENT
+    assert StockMovement.objects.filter(kind="return").count() == 1
+    assert ledger_report()["ok"], ledger_report()["violations"]
+
+
+def test_check_ledger_names_stock_corrupted_in_sql(alice):
+    tea = product("TEA", stock=5)
+    with connection.cursor() as cursor:
+        cursor.execute("UPDATE orders_product SET stock = 9 WHERE id = %s", [tea.pk])
+    with pytest.raises(CommandError) as failed:
+        call_command("check_ledger", stdout=StringIO(), stderr=StringIO())
+    assert failed.value.returncode == 1
+    violations = ledger_report()["violations"]
+    assert any("'TEA' stock 9 != sum of its stock movements 5" in v for v in violations)
+
+
+def test_check_ledger_names_negative_stock(on_postgres, alice):
+    tea = product("TEA", stock=0)
+    with connection.cursor() as cursor:
+        # Someone dropped the guard (DDL rolls back with the test's transaction).
+        cursor.execute(
+            "ALTER TABLE orders_product DROP CONSTRAINT product_stock_not_negative"
+        )
+        cursor.execute("UPDATE orders_product SET stock = -2 WHERE id = %s", [tea.pk])
+    violations = ledger_report()["violations"]
+    assert "product 'TEA' stock is below zero: -2" in violations
+
+
+# --- create_product ----------------------------------------------------------------
+
+
+def run_create_product(*args: str) -> dict:
+    out = StringIO()
+    call_command("create_product", *args, stdout=out)
+    return json.loads(out.getvalue())
+
+
+def test_create_product_is_idempotent_and_tops_up():
+    first = run_create_product("TEA-1", "--name", "Tea", "--price", "1280")
+    assert first == {
+        "sku": "TEA-1",
+        "name": "Tea",
+        "price": 1280,
+        "currency": "CNY",
+        "stock": 0,
+    }
+    again = run_create_product(
+        "TEA-1", "--name", "Other", "--price", "1", "--stock", "7"
+    )
+    assert again == {**first, "stock": 7}
+    assert (
+        run_create_product("TEA-1", "--name", "Tea", "--price", "1280", "--stock", "3")[
+            "stock"
+        ]
+        == 7
+    )
+    assert Product.objects.count() == 1
+    assert StockMovement.objects.get().quantity == 7
+    usd = run_create_product(
+        "MUG", "--name", "Mug", "--price", "900", "--currency", "USD"
+    )
+    assert usd["currency"] == "USD"
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["X", "--name", "x", "--price", "0"],
+        ["X", "--name", "x", "--price", "5", "--stock", "-1"],
+        ["X", "--name", "x", "--price", "5", "--currency", "ZZZ"],
+        ["X" * 65, "--name", "x", "--price", "5"],
+    ],
+)
+def test_create_product_refuses_bad_input(args):
+    with pytest.raises(CommandError):
+        call_command("create_product", *args, stdout=StringIO())
+    assert not Product.objects.exists()
+
+
+# --- the API -----------------------------------------------------------------------
+
+
+def test_products_are_listed_paginated(alice):
+    _, client, _ = alice
+    for n in range(3):
+        product(f"P{n}", price=100 + n, stock=n)
+    page = client.get("/api/v1/products?page_size=2").json()
+    assert page["results"] == [
+        {"sku": "P0", "name": "P0 name", "price": 100, "currency": "CNY", "stock": 0},
+        {"sku": "P1", "name": "P1 name", "price": 101, "currency": "CNY", "stock": 1},
+    ]
+    rest = client.get(page["next"]).json()
+    assert [p["sku"] for p in rest["results"]] == ["P2"] and rest["next"] is None
+    assert_problem(APIClient().get("/api/v1/products"), 401, "not_authenticated")
+
+
+def test_order_with_items_over_the_api_and_its_retry(alice):
+    _, client, _ = alice
+    product("TEA", price=1200, stock=5)
+    body = {
+        "merchant_order_no": preorder(client),
+        "items": [{"sku": "TEA", "quantity": 2}],
+    }
+    key = new_key()
+    first = create(client, body, key)
+    assert first.status_code == 201, first.content
+    order = first.json()
+    assert (order["amount"], order["currency"]) == (2400, "CNY")
+    assert order["items"] == [
+        {"sku": "TEA", "name": "TEA name", "quantity": 2, "price": 1200, "amount": 2400}
+    ]
+    again = create(client, body, key)
+    assert again.content == first.content and again["Idempotent-Replayed"] == "true"
+    assert stock_of("TEA") == 3
+    detail = client.get(f"/api/v1/orders/{body['merchant_order_no']}").json()
+    assert detail["items"] == order["items"]
+    # an amount order shows no items
+    plain = {"merchant_order_no": preorder(client), "amount": 100}
+    assert create(client, plain).json()["items"] == []
+
+
+def test_out_of_stock_over_the_api_is_stored_and_takes_nothing(alice):
+    _, client, _ = alice
+    product("TEA", stock=1)
+    product("MUG", stock=9)
+    body = {
+        "merchant_order_no": preorder(client),
+        "items": [{"sku": "MUG", "quantity": 1}, {"sku": "TEA", "quantity": 2}],
+    }
+    key = new_key()
+    problem = assert_problem(create(client, body, key), 409, "out_of_stock")
+    assert problem["sku"] == "TEA"
+    again = create(client, body, key)
+    assert again["Idempotent-Replayed"] == "true"
+    assert (stock_of("TEA"), stock_of("MUG")) == (1, 9)
+    nothing_written()
+
+
+def test_unknown_sku_and_mixed_currencies_over_the_api(alice):
+    _, client, _ = alice
+    product("TEA")
+    product("USD-MUG", currency="USD")
+    body = {
+        "merchant_order_no": preorder(client),
+        "items": [{"sku": "NOPE", "quantity": 1}],
+    }
+    assert assert_problem(create(client, body), 422, "product_unknown")["sku"] == "NOPE"
+    mixed = [{"sku": "TEA", "quantity": 1}, {"sku": "USD-MUG", "quantity": 1}]
+    body = {"merchant_order_no": preorder(client), "items": mixed}
+    assert_problem(create(client, body), 422, "items_currency_mismatch")
+    body = {
+        "merchant_order_no": preorder(client),
+        "items": [{"sku": "TEA", "quantity": 1}],
+        "currency": "USD",
+    }
+    assert_problem(create(client, body), 422, "items_currency_mismatch")
+    nothing_written()
+
+
+def test_an_amount_too_large_is_refused(alice):
+    _, client, _ = alice
+    product("GOLD", price=10**15, stock=5)
+    body = {
+        "merchant_order_no": preorder(client),
+        "items": [{"sku": "GOLD", "quantity": 2}],
+    }
+    assert_problem(create(client, body), 422, "order_amount_too_large")
+    nothing_written()
+
+
+ONE = [{"sku": "TEA", "quantity": 1}]
+
+
+@pytest.mark.parametrize(
+    ("extra", "field"),
+    [
+        ({"items": [{"sku": "TEA", "quantity": 0}]}, "items"),
+        ({"items": [{"sku": "TEA", "quantity": 1001}]}, "items"),
+        ({"items": [{"sku": "TEA", "quantity": -1}]}, "items"),
+        ({"items": [{"sku": "TEA", "quantity": 10**30}]}, "items"),
+        ({"items": [{"sku": "TEA", "quantity": "1"}]}, "items"),
+        ({"items": [{"sku": "TEA", "quantity": 1.0}]}, "items"),
+        ({"items": [{"sku": "TEA", "quantity": True}]}, "items"),
+        ({"items": [{"sku": 5, "quantity": 1}]}, "items"),
+        ({"items": [{"sku": "X" * 65, "quantity": 1}]}, "items"),
+        ({"items": [{"sku": "TEA"}]}, "items"),
+        ({"items": [{"sku": "TEA", "quantity": 1, "price": 1}]}, "items"),
+        ({"items": [["TEA", 1]]}, "items"),
+        ({"items": ["TEA"]}, "items"),
+        ({"items": [{"sku": f"S{n}", "quantity": 1} for n in range(51)]}, "items"),
+        ({"items": []}, "items"),
+        ({"items": {"sku": "TEA", "quantity": 1}}, "items"),
+        ({"items": "TEA"}, "items"),
+        ({"items": None}, "items"),
+        ({"items": ONE, "amount": 100}, "items"),
+        ({"items": ONE, "amount": 100}, "amount"),
+        ({}, "amount"),
+    ],
+)
+def test_bad_items_are_a_validation_problem(alice, extra, field):
+    _, client, _ = alice
+    product("TEA")
+    key = new_key()
+    body = {"merchant_order_no": preorder(client), **extra}
+    problem = assert_problem(create(client, body, key), 400, "validation_error")
+    assert field in problem["errors"], problem
+    nothing_written()
+    assert stock_of("TEA") == 5
+    # refused for its form: the key stays free for the corrected request
+    fixed = {"merchant_order_no": body["merchant_order_no"], "items": ONE}
+    assert create(client, fixed, key).status_code == 201
+
+
+# --- races (real threads, real transactions) --------------------------------------
+
+
+@pytest.mark.django_db(transaction=True)
+def test_thirty_shoppers_and_five_units(on_postgres):
+    product("LAST", price=500, stock=5)
+    shoppers = [customer(f"shopper{n}")[1] for n in range(30)]
+    numbers = [preorder(client) for client in shoppers]
+
+    def buy(i: int):
+        body = {
+            "merchant_order_no": numbers[i],
+            "items": [{"sku": "LAST", "quantity": 1}],
+        }
+        response = create(shoppers[i], body)
+        return response.status_code, response.json().get("code")
+
+    results = run_in_threads(30, buy)
+    assert sorted(results, key=str).count((201, None)) == 5, results
+    assert results.count((409, "out_of_stock")) == 25, results
+    assert stock_of("LAST") == 0
+    assert Order.objects.count() == 5
+    assert StockMovement.objects.filter(kind="order").count() == 5
+    assert ledger_report()["ok"], ledger_report()["violations"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_opposite_orders_of_the_same_products_never_deadlock(on_postgres):
+    product("A", stock=1000)
+    product("B", stock=1000)
+    clients = [customer(f"buyer{n}")[1] for n in range(20)]
+    numbers = [preorder(client) for client in clients]
+
+    def buy(i: int):
+        lines = [{"sku": "A", "quantity": 1}, {"sku": "B", "quantity": 1}]
+        body = {"merchant_order_no": numbers[i], "items": lines[:: 1 if i % 2 else -1]}
+        return create(clients[i], body).status_code
+
+    assert run_in_threads(20, buy) == [201] * 20
+    assert (stock_of("A"), stock_of("B")) == (980, 980)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_one_key_retried_at_once_takes_stock_once(on_postgres):
+    product("TEA", stock=5)
+    _, client, _ = customer("eve")
+    body = {
+        "merchant_order_no": preorder(client),
+        "items": [{"sku": "TEA", "quantity": 2}],
+    }
+    key = new_key()
+    results = run_in_threads(6, lambda i: create(client, body, key).status_code)
+    assert set(results) <= {201, 409} and 201 in results, results
+    assert stock_of("TEA") == 3
+
+
+@pytest.mark.django_db(transaction=True)
+def test_cancel_racing_pay_gives_stock_back_once_or_never(on_postgres):
+    product("TEA", price=100, stock=50)
+    for round_ in range(5):
+        user, client, _ = customer(f"racer{round_}", balance=10_000)
+        order = item_order(user, ("TEA", 3))
+        no = order.merchant_order_no
+
+        def act(i: int, no=no, client=client):
+            path = f"/api/v1/orders/{no}/" + ("cancel" if i % 2 else "pay")
+            body = {} if i % 2 else {"method": "balance"}
+            return client.post(
+                path, body, format="json", headers={"Idempotency-Key": new_key()}
+            ).status_code
+
+        results = run_in_threads(4, act)
+        order.refresh_from_db()
+        returns = StockMovement.objects.filter(
+            reference=f"order:{order.pk}:return:{Product.objects.get(sku='TEA').pk}"
+        ).count()
+        if order.status == Order.Status.CANCELLED:
+            assert returns == 1, results
+        else:
+            assert order.status == Order.Status.PAID and returns == 0, results
+    taken = 3 * Order.objects.exclude(status=Order.Status.CANCELLED).count()
+    assert stock_of("TEA") == 50 - taken
+    assert ledger_report()["ok"], ledger_report()["violations"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_duplicated_cancels_and_expiry_at_once_give_back_once(on_postgres):
+    product("TEA", stock=10)
+    user, client, _ = customer("frank")
+    order = item_order(user, ("TEA", 4))
+    Order.objects.filter(pk=order.pk).update(
+        created_at=timezone.now() - timedelta(hours=2)
+    )
+    key = new_key()
+    path = f"/api/v1/orders/{order.merchant_order_no}/cancel"
+
+    def act(i: int):
+        if i < 3:
+            return order_cancel_expired(older_than_seconds=60)
+        headers = {"Idempotency-Key": key if i < 6 else new_key()}
+        return client.post(path, {}, format="json", headers=headers).status_code
+
+    results = run_in_threads(8, act)
+    assert stock_of("TEA") == 10, results
+    assert StockMovement.objects.filter(kind="return").count() == 1
+    assert Order.objects.get(pk=order.pk).status == Order.Status.CANCELLED
+    assert PreOrder.objects.count() == 1
+
+
+# --- the web order form -------------------------------------------------------------
+
+
+def web_form(client) -> tuple[str, dict]:
+    """GET /orders/new (redirected to the form naming its token): the token and
+    the quantity field of each product on offer, by SKU."""
+    page = client.get(client.get("/orders/new")["Location"])
+    form = page.context["form"]
+    fields = {p.sku: form.quantity_field(p) for p in form.products}
+    return form["token"].value(), fields
+
+
+def test_web_order_with_products_once_per_form(client, alice):
+    user, _, _ = alice
+    client.force_login(user)
+    product("TEA", price=1200, stock=5)
+    product("MUG", price=450, stock=5)
+    token, fields = web_form(client)
+    post = {"token": token, fields["TEA"]: "2", fields["MUG"]: "", "description": ""}
+    first = client.post("/orders/new", post)
+    again = client.post("/orders/new", post)  # the double click
+    assert first.status_code == again.status_code == 303
+    assert first["Location"] == again["Location"] == f"/orders/{token}"
+    order = Order.objects.get()
+    assert order.amount == 2400
+    assert [(i.sku, i.quantity) for i in order.items.all()] == [("TEA", 2)]
+    assert stock_of("TEA") == 3
+    page = client.get(first["Location"])
+    assert b'data-sku="TEA"' in page.content and "¥24.00" in page.content.decode()
+    # the form of a placed order shows what was ordered
+    shown = client.get(f"/orders/new?token={token}")
+    assert shown.context["form"].initial[fields["TEA"]] == 2
+    # cancelled on the web: the stock comes back
+    assert client.post(f"/orders/{token}/cancel").status_code == 303
+    assert stock_of("TEA") == 5
+
+
+def test_web_order_out_of_stock_shows_the_form_again(client, alice):
+    user, _, _ = alice
+    client.force_login(user)
+    product("TEA", stock=1)
+    token, fields = web_form(client)
+    response = client.post("/orders/new", {"token": token, fields["TEA"]: "2"})
+    assert response.status_code == 200
+    assert "Not enough TEA left" in response.content.decode()
+    assert response.context["form"]["token"].value() == token
+    nothing_written()
+    assert (
+        client.post("/orders/new", {"token": token, fields["TEA"]: "1"}).status_code
+        == 303
+    )
+    assert stock_of("TEA") == 0
+
+
+@pytest.mark.parametrize(
+    ("quantity", "amount"),
+    [("2", "5.00"), ("0", ""), ("", ""), ("-1", ""), ("1001", ""), ("x", "")],
+)
+def test_web_order_bad_choices(client, alice, quantity, amount):
+    user, _, _ = alice
+    client.force_login(user)
+    product("TEA", stock=5)
+    token, fields = web_form(client)
+    post = {"token": token, fields["TEA"]: quantity, "amount": amount}
+    response = client.post("/orders/new", post)
+    assert response.status_code == 200
+    assert response.context["form"].errors
+    assert response.context["form"].products  # the products are still offered
+    nothing_written()
+    assert stock_of("TEA") == 5
+
+
+def test_the_product_form_speaks_chinese(client, alice):
+    user, _, _ = alice
+    client.force_login(user)
+    product("TEA", stock=5)
+    client.post("/i18n/setlang/", {"language": "zh-hans", "next": "/orders"})
+    page = client.get(client.get("/orders/new")["Location"]).content.decode()
+    assert "选择商品" in page and "剩余 5 件" in page
+
+
+def test_demo_data_includes_products_with_stock(settings, tmp_path):
+    from ledger.demo import demo_seed
+
+    settings.DATA_DIR = tmp_path
+    demo_seed()
+    shown = demo_seed()["products"]  # every `make run` seeds again: idempotent
+    assert len(shown) >= 3 and all(p["stock"] > 0 for p in shown)
+    assert Product.objects.count() == len(shown)
+    assert ledger_report()["ok"], ledger_report()["violations"]
