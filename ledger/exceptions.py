@@ -53,3 +53,17 @@ class StaleVersion(DomainError):
     code = "stale_version"
     title = "Changed under you"
     default_detail = "The account changed since you read it; read it again and retry."
+
+
+class AccountTransitionRefused(DomainError):
+    status = 409
+    code = "account_transition_refused"
+    title = "Not possible in this state"
+    default_detail = "The account's state has no such transition."
+
+
+class NotAWallet(DomainError):
+    status = 422
+    code = "not_a_wallet"
+    title = "Not a customer wallet"
+    default_detail = "Only a customer's wallet can be credited."
