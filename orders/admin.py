@@ -3,11 +3,25 @@ from django.db import transaction
 from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.utils.translation import gettext_lazy as _
+from django.utils.translation import ngettext
 
+from ledger.backoffice import money_column
 from ledger.exceptions import DomainError
 
 from . import services
 from .models import Order, PreOrder
+
+# The state machine's edges as staff read them (django-fsm knows only their names).
+TRANSITION_LABELS = {
+    "pay": _("pay"),
+    "ship": _("ship"),
+    "complete": _("complete"),
+    "cancel": _("cancel"),
+    "refund": _("refund"),
+    "authorize": _("authorize"),
+    "capture": _("capture"),
+    "void": _("void"),
+}
 
 
 @admin.register(Order)
@@ -18,8 +32,7 @@ class OrderAdmin(admin.ModelAdmin):
     list_display = (
         "merchant_order_no",
         "owner",
-        "amount",
-        "currency",
+        "amount_money",
         "status",
         "available_transitions",
         "created_at",
@@ -31,7 +44,7 @@ class OrderAdmin(admin.ModelAdmin):
     readonly_fields = (
         "merchant_order_no",
         "owner",
-        "amount",
+        "amount_money",
         "currency",
         "description",
         "status",
@@ -49,11 +62,13 @@ class OrderAdmin(admin.ModelAdmin):
     def has_delete_permission(self, request: HttpRequest, obj=None) -> bool:
         return False
 
+    amount_money = money_column("amount", _("amount"))
+
     @admin.display(description=_("available transitions"))
     def available_transitions(self, order: Order) -> str:
         transitions = order.get_available_status_transitions()  # type: ignore[attr-defined]  # added by django-fsm
         names = sorted(t.name for t in transitions)
-        return ", ".join(names) or "—"
+        return ", ".join(str(TRANSITION_LABELS.get(n, n)) for n in names) or "—"
 
     def _transition(self, request: HttpRequest, queryset: QuerySet, service) -> None:
         moved = 0
@@ -66,7 +81,12 @@ class OrderAdmin(admin.ModelAdmin):
             else:
                 moved += 1
         if moved:
-            self.message_user(request, f"{moved} order(s) updated.", messages.SUCCESS)
+            self.message_user(
+                request,
+                ngettext("%(count)d order updated.", "%(count)d orders updated.", moved)
+                % {"count": moved},
+                messages.SUCCESS,
+            )
 
     @admin.action(description=_("Cancel (only unpaid orders)"))
     def cancel(self, request: HttpRequest, queryset: QuerySet) -> None:
