@@ -54,7 +54,9 @@ class KeyNotForgettable(ProblemError):
     )
 
 
-def record_forget(*, record_id: int, actor_id: int, actor_name: str) -> AuditEntry:
+def record_forget(
+    *, record_id: int, actor_id: int | None, actor_name: str
+) -> AuditEntry:
     """Forget a key record still before its first recovery point, and say who did.
 
     One transaction: a conditional DELETE (`WHERE status = 'processing' AND
