@@ -1,0 +1,39 @@
+"""Pressing the admin's action buttons as staff do: open the action's form, then
+apply it (as often, and from as many threads, as a test likes)."""
+
+import re
+from typing import Any
+
+from django.test import Client
+
+TOKEN = re.compile(r'name="token" value="([0-9a-f]{32})"')
+
+
+def staff(user: Any) -> Client:
+    client = Client()
+    client.force_login(user)
+    return client
+
+
+def open_action(client: Client, changelist: str, action: str, ids: list[int]):
+    """The action's intermediate page (its form), as the changelist's Go shows it."""
+    return client.post(changelist, {"action": action, "_selected_action": ids})
+
+
+def token_of(page) -> str:
+    match = TOKEN.search(page.content.decode())
+    assert match, page.content.decode()[:2000]
+    return match.group(1)
+
+
+def apply_action(
+    client: Client, changelist: str, action: str, ids: list[int], **fields: Any
+):
+    """Submit the action's form; follows the redirect back to the list."""
+    data = {"action": action, "_selected_action": ids, "apply": "1", **fields}
+    return client.post(changelist, data, follow=True)
+
+
+def messages_of(response) -> list[str]:
+    """The messages the page showed."""
+    return [str(m) for m in response.context["messages"]]
