@@ -84,6 +84,7 @@ class PaymentAdmin(ReadOnlyAdmin):
         "provider_txn_id",
         "pay_url",
     )
+    fields = readonly_fields
     actions = ("refund",)
 
     amount_money = money_column("amount", _("amount"))
@@ -166,6 +167,7 @@ class RefundAdmin(ReadOnlyAdmin):
         "journal_entry",
         "created_at",
     )
+    fields = readonly_fields
 
 
 @admin.register(ProviderEvent)
