@@ -1,4 +1,5 @@
 from django.contrib import admin, messages
+from django.db import transaction
 from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.utils.translation import gettext
@@ -56,11 +57,12 @@ class IdempotencyRecordAdmin(admin.ModelAdmin):
         that committed."""
         for record in queryset.order_by("pk"):
             try:
-                record_forget(
-                    record_id=record.pk,
-                    actor_id=request.user.pk,
-                    actor_name=request.user.get_username(),
-                )
+                with transaction.atomic(durable=True):  # this action is the entry point
+                    record_forget(
+                        record_id=record.pk,
+                        actor_id=request.user.pk,
+                        actor_name=request.user.get_username(),
+                    )
             except KeyNotForgettable:
                 self.message_user(
                     request,
