@@ -11,7 +11,13 @@ from django.utils.translation import gettext_lazy as _
 from idempotency.exceptions import IdempotencyKeyInFlight, IdempotencyKeyReused
 
 from . import services
-from .backoffice import ActionForm, action_page, money_column, once, one_time_token
+from .backoffice import (
+    ActionForm,
+    BackofficeMixin,
+    action_page,
+    money_column,
+    once,
+)
 from .exceptions import AccountTransitionRefused, DomainError, StaleVersion
 from .models import Account, JournalEntry, Posting
 from .money import format_money
@@ -100,7 +106,7 @@ def refusal_message(exc: Exception) -> str:
 
 
 @admin.register(Account)
-class AccountAdmin(admin.ModelAdmin):
+class AccountAdmin(BackofficeMixin, admin.ModelAdmin):
     list_display = (
         "id",
         "kind",
@@ -131,14 +137,19 @@ class AccountAdmin(admin.ModelAdmin):
         return self.readonly_fields
 
     @admin.action(description=_("Credit the customer (a deposit entry)"))
-    def credit(self, request: HttpRequest, queryset: QuerySet) -> HttpResponse | None:
+    def credit(self, request: HttpRequest, queryset: QuerySet) -> HttpResponse:
+        return self.start_page(request, queryset, "credit")
+
+    def credit_page(self, request: HttpRequest, queryset: QuerySet) -> HttpResponse:
+        """Deposit the amount into each selected wallet, once per form (its token
+        names the deposit: `admin-credit:<token>:<account>`)."""
         accounts = list(queryset.order_by("pk"))
-        if "apply" not in request.POST:
-            form = CreditForm(initial={"token": one_time_token()})
-            return self._credit_page(request, queryset, form)
+        if request.method != "POST":
+            form = CreditForm(initial={"token": request.GET.get("token", "")})
+            return self._credit_form(request, accounts, form)
         form = CreditForm(request.POST)
         if not form.is_valid():
-            return self._credit_page(request, queryset, form, status=400)
+            return self._credit_form(request, accounts, form, status=400)
         token = form.cleaned_data["token"]
         amount = form.amount_minor_units()
         description = form.cleaned_data["description"] or gettext("Staff credit")
@@ -173,39 +184,35 @@ class AccountAdmin(admin.ModelAdmin):
             if not ran:
                 text += " " + gettext("(Submitted before: done once.)")
             self.message_user(request, text, messages.SUCCESS)
-        return None
+        return self.done()
 
-    def _credit_page(self, request, queryset, form, status: int = 200):
+    def _credit_form(self, request, accounts, form, status: int = 200):
         return action_page(
             self,
             request,
-            queryset,
-            action="credit",
             title=gettext("Credit the customer"),
             form=form,
             button=gettext("Credit"),
             rows=[
                 (account, format_money(account.balance, account.currency))
-                for account in queryset.order_by("pk")
+                for account in accounts
             ],
             status=status,
         )
 
     def _transition(
-        self, request: HttpRequest, queryset: QuerySet, action: str, service, title
-    ) -> HttpResponse | None:
+        self, request: HttpRequest, queryset: QuerySet, service, title
+    ) -> HttpResponse:
         """Show the accounts with their versions; apply the change to each account
         only if it is still at the version shown (a second press finds it moved)."""
         accounts = list(queryset.order_by("pk"))
         form = VersionsForm(
-            request.POST if "apply" in request.POST else None, accounts=accounts
+            request.POST if request.method == "POST" else None, accounts=accounts
         )
         if not form.is_bound or not form.is_valid():
             return action_page(
                 self,
                 request,
-                queryset,
-                action=action,
                 title=title,
                 form=form,
                 button=gettext("Yes, I'm sure"),
@@ -221,7 +228,7 @@ class AccountAdmin(admin.ModelAdmin):
             )
         for account in accounts:
             try:
-                with transaction.atomic(durable=True):  # this action is the entry point
+                with transaction.atomic(durable=True):  # this page is the entry point
                     changed = service(
                         account_id=account.pk,
                         seen_version=form.cleaned_data[f"version_{account.pk}"],
@@ -250,34 +257,40 @@ class AccountAdmin(admin.ModelAdmin):
                     % {"account": changed, "status": changed.get_status_display()},
                     messages.SUCCESS,
                 )
-        return None
+        return self.done()
 
     @admin.action(description=_("Freeze (money may arrive, not leave)"))
-    def freeze(self, request: HttpRequest, queryset: QuerySet):
+    def freeze(self, request: HttpRequest, queryset: QuerySet) -> HttpResponse:
+        return self.start_page(request, queryset, "freeze")
+
+    def freeze_page(self, request: HttpRequest, queryset: QuerySet) -> HttpResponse:
         return self._transition(
             request,
             queryset,
-            "freeze",
             services.account_freeze,
             gettext("Freeze these accounts?"),
         )
 
     @admin.action(description=_("Unfreeze"))
-    def unfreeze(self, request: HttpRequest, queryset: QuerySet):
+    def unfreeze(self, request: HttpRequest, queryset: QuerySet) -> HttpResponse:
+        return self.start_page(request, queryset, "unfreeze")
+
+    def unfreeze_page(self, request: HttpRequest, queryset: QuerySet) -> HttpResponse:
         return self._transition(
             request,
             queryset,
-            "unfreeze",
             services.account_unfreeze,
             gettext("Unfreeze these accounts?"),
         )
 
     @admin.action(description=_("Close for good"))
-    def close(self, request: HttpRequest, queryset: QuerySet):
+    def close(self, request: HttpRequest, queryset: QuerySet) -> HttpResponse:
+        return self.start_page(request, queryset, "close")
+
+    def close_page(self, request: HttpRequest, queryset: QuerySet) -> HttpResponse:
         return self._transition(
             request,
             queryset,
-            "close",
             services.account_close,
             gettext("Close these accounts for good?"),
         )

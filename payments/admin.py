@@ -8,10 +8,10 @@ from django.utils.translation import gettext_lazy as _
 from ledger.admin import ReadOnlyAdmin, refusal_message
 from ledger.backoffice import (
     ActionForm,
+    BackofficeMixin,
     action_page,
     money_column,
     once,
-    one_time_token,
 )
 from ledger.money import format_money
 from orders.admin import OrderAdmin
@@ -54,7 +54,7 @@ class OrderWithPaymentsAdmin(OrderAdmin):
 
 
 @admin.register(Payment)
-class PaymentAdmin(ReadOnlyAdmin):
+class PaymentAdmin(BackofficeMixin, ReadOnlyAdmin):
     """Payments are records of money that moved: read-only here; refunds go through
     their service (the API's) so the ledger moves with them."""
 
@@ -95,21 +95,22 @@ class PaymentAdmin(ReadOnlyAdmin):
     @admin.action(
         description=_("Refund (the money goes back once)"), permissions=["refund"]
     )
-    def refund(self, request: HttpRequest, queryset: QuerySet) -> HttpResponse | None:
+    def refund(self, request: HttpRequest, queryset: QuerySet) -> HttpResponse:
+        return self.start_page(request, queryset, "refund")
+
+    def refund_page(self, request: HttpRequest, queryset: QuerySet) -> HttpResponse:
         """The API's refund, from a form with a one-time token: however often it is
         submitted, each payment is refunded once, and every press after the first
         gets the first one's outcome."""
         payments = list(queryset.select_related("order").order_by("pk"))
-        form = RefundForm(
-            request.POST if "apply" in request.POST else None,
-            initial={"token": one_time_token()},
-        )
+        if request.method == "POST":
+            form = RefundForm(request.POST)
+        else:
+            form = RefundForm(initial={"token": request.GET.get("token", "")})
         if not form.is_bound or not form.is_valid():
             return action_page(
                 self,
                 request,
-                queryset,
-                action="refund",
                 title=gettext("Refund these payments?"),
                 form=form,
                 button=gettext("Refund"),
@@ -148,7 +149,7 @@ class PaymentAdmin(ReadOnlyAdmin):
             if not ran:
                 text += " " + gettext("(Submitted before: done once.)")
             self.message_user(request, text, messages.SUCCESS)
-        return None
+        return self.done()
 
 
 @admin.register(Refund)

@@ -17,8 +17,14 @@ def staff(user: Any) -> Client:
 
 
 def open_action(client: Client, changelist: str, action: str, ids: list[int]):
-    """The action's intermediate page (its form), as the changelist's Go shows it."""
-    return client.post(changelist, {"action": action, "_selected_action": ids})
+    """The action's page (its form), as the changelist's Go button leads to it: a
+    303 to a URL that names the selection and a fresh one-time token."""
+    response = client.post(
+        changelist, {"action": action, "_selected_action": ids}, follow=True
+    )
+    assert response.redirect_chain, response.status_code
+    assert response.redirect_chain[0][1] == 303
+    return response
 
 
 def token_of(page) -> str:
@@ -27,12 +33,15 @@ def token_of(page) -> str:
     return match.group(1)
 
 
+def action_url(changelist: str, action: str, ids: list[int]) -> str:
+    return f"{changelist}backoffice/{action}/?ids={','.join(map(str, ids))}"
+
+
 def apply_action(
     client: Client, changelist: str, action: str, ids: list[int], **fields: Any
 ):
-    """Submit the action's form; follows the redirect back to the list."""
-    data = {"action": action, "_selected_action": ids, "apply": "1", **fields}
-    return client.post(changelist, data, follow=True)
+    """Submit the action's form; follows the 303 back to the list."""
+    return client.post(action_url(changelist, action, ids), fields, follow=True)
 
 
 MESSAGE = re.compile(r'<li class="(?:success|info|warning|error)">(.*?)</li>', re.S)

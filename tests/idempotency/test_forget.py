@@ -22,7 +22,7 @@ RECORDS = "/admin/idempotency/idempotencyrecord/"
 
 def stuck(**values) -> IdempotencyRecord:
     """A phased request that died before its first recovery point."""
-    return IdempotencyRecordFactory(
+    return IdempotencyRecordFactory.create(
         endpoint="orders.pay",
         path="/api/v1/orders/1/pay",
         status=IdempotencyRecord.Status.PROCESSING,

@@ -61,7 +61,12 @@ def test_credit_deposits_once(admin_client):
 
 def test_credit_pressed_twice_or_resubmitted_credits_once(admin_client):
     _, _, wallet = customer("alice")
-    token = token_of(open_action(admin_client, ACCOUNTS, "credit", [wallet.pk]))
+    page = open_action(admin_client, ACCOUNTS, "credit", [wallet.pk])
+    token = token_of(page)
+    # The page names its token: the back button, or a reload, shows the same form.
+    url = page.redirect_chain[-1][0]
+    assert f"token={token}" in url
+    assert token_of(admin_client.get(url)) == token
     credit(admin_client, wallet, token)
     again = credit(admin_client, wallet, token)  # double click, back and resubmit
     assert balance(wallet) == 1250
@@ -140,6 +145,7 @@ def test_credit_page_in_chinese(admin_client):
         ACCOUNTS,
         {"action": "credit", "_selected_action": [wallet.pk]},
         HTTP_ACCEPT_LANGUAGE="zh-hans",
+        follow=True,
     )
     content = page.content.decode()
     assert "给客户入账" in content
