@@ -107,15 +107,16 @@ def refusal_message(exc: Exception) -> str:
 
 @admin.register(Account)
 class AccountAdmin(BackofficeMixin, admin.ModelAdmin):
+    # What staff look for first comes first: a phone shows the first columns.
     list_display = (
         "id",
-        "kind",
         "owner",
+        "balance_money",
+        "status",
+        "kind",
         "code",
         "currency",
-        "balance_money",
         "version",
-        "status",
     )
     list_filter = ("kind", "status", "currency")
     search_fields = ("owner__username", "code")

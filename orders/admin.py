@@ -31,9 +31,9 @@ class OrderAdmin(admin.ModelAdmin):
 
     list_display = (
         "merchant_order_no",
-        "owner",
         "amount_money",
         "status",
+        "owner",
         "available_transitions",
         "created_at",
     )

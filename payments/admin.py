@@ -61,9 +61,9 @@ class PaymentAdmin(BackofficeMixin, ReadOnlyAdmin):
     list_display = (
         "id",
         "order",
-        "method",
         "amount_money",
         "status",
+        "method",
         "created_at",
         "succeeded_at",
     )
