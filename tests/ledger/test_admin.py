@@ -214,3 +214,15 @@ def test_freeze_with_a_damaged_version_shows_the_page_again(admin_client):
     assert response.status_code == 400
     wallet.refresh_from_db()
     assert wallet.status == Account.Status.ACTIVE
+
+
+def test_action_pages_need_staff_and_the_action(client, admin_client):
+    _, _, wallet = customer("alice")
+    url = f"{ACCOUNTS}backoffice/credit/?ids={wallet.pk}&token={'a' * 32}"
+    assert client.get(url).status_code == 302  # to the admin's login
+    assert admin_client.get(f"{ACCOUNTS}backoffice/nothing/?ids=1").status_code == 403
+    # Ids that name nothing (or are not ids) lead back to the list.
+    for ids in ("", "abc", "99999999", "1" * 40, "\u0661"):
+        response = admin_client.get(f"{ACCOUNTS}backoffice/credit/?ids={ids}")
+        assert response.status_code == 303, ids
+    assert admin_client.put(url).status_code == 405
