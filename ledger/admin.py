@@ -1,4 +1,5 @@
 from decimal import Decimal
+from typing import Any
 
 from django import forms
 from django.contrib import admin, messages
@@ -91,6 +92,19 @@ class VersionsForm(forms.Form):
             )
 
 
+# The refusals staff meet in the back office, by their stable code, in the reader's
+# language (the API's `detail` is English). Apps above add theirs.
+REFUSALS: dict[str, Any] = {
+    "account_not_active": _("The account is not active; nothing was done."),
+    "not_a_wallet": _("Only a customer's wallet can be credited; nothing was done."),
+    "reference_conflict": _(
+        "Another entry already carries this reference; nothing was done."
+    ),
+    "currency_mismatch": _("The currencies do not match; nothing was done."),
+    "insufficient_funds": _("Not enough money in the account; nothing was done."),
+}
+
+
 def refusal_message(exc: Exception) -> str:
     """What staff read when a press did nothing (in their language)."""
     if isinstance(exc, IdempotencyKeyReused):
@@ -101,7 +115,7 @@ def refusal_message(exc: Exception) -> str:
     if isinstance(exc, IdempotencyKeyInFlight):
         return gettext("The same form is still being processed; look again shortly.")
     if isinstance(exc, DomainError):
-        return exc.detail
+        return str(REFUSALS.get(exc.code, exc.detail))
     raise exc
 
 

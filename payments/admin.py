@@ -5,7 +5,7 @@ from django.http import HttpRequest, HttpResponse
 from django.utils.translation import gettext, ngettext
 from django.utils.translation import gettext_lazy as _
 
-from ledger.admin import ReadOnlyAdmin, refusal_message
+from ledger.admin import REFUSALS, ReadOnlyAdmin, refusal_message
 from ledger.backoffice import (
     ActionForm,
     BackofficeMixin,
@@ -19,6 +19,13 @@ from orders.models import Order
 
 from .models import Payment, ProviderEvent, Refund, Shipment
 from .services import payment_refund, provider_event_redrive
+
+REFUSALS.update(
+    already_refunded=_("This payment was already refunded; nothing was done."),
+    payment_not_refundable=_(
+        "Only a succeeded payment can be refunded; nothing was done."
+    ),
+)
 
 
 class RefundForm(ActionForm):

@@ -134,8 +134,8 @@ def test_credit_refuses_what_is_not_a_customer_wallet(admin_client):
     )
     assert response.status_code == 200
     shown = messages_of(response)
-    assert any("not a customer wallet" in m for m in shown), shown
-    assert any("closed" in m for m in shown), shown
+    assert any("Only a customer's wallet" in m for m in shown), shown
+    assert any("not active" in m for m in shown), shown
     assert credits(wallet) == 0
 
 

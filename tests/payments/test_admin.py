@@ -170,7 +170,7 @@ def test_refund_refuses_a_pending_payment_with_a_message(admin_client):
     token = token_of(open_action(admin_client, PAYMENTS, "refund", [payment.pk]))
     response = refund(admin_client, payment, token)
     assert response.status_code == 200
-    assert any("only a succeeded payment" in m for m in messages_of(response))
+    assert any("Only a succeeded payment" in m for m in messages_of(response))
     assert not Refund.objects.exists()
 
 
