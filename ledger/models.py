@@ -66,7 +66,7 @@ class Account(models.Model):
 
     def __str__(self) -> str:
         who = self.code or (self.owner.get_username() if self.owner else "?")
-        return f"{self.kind}:{who} ({self.currency})"
+        return f"{self.get_kind_display()} {who} ({self.currency})"
 
     # Transitions only declare the legal edges; services save and log.
     @transition(field=status, source=Status.ACTIVE, target=Status.FROZEN)
