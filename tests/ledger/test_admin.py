@@ -6,7 +6,7 @@ import pytest
 from django.db import connection
 
 from ledger.models import Account, JournalEntry
-from ledger.services import account_close, merchant_account
+from ledger.services import account_close, account_freeze, merchant_account
 from tests.backoffice import apply_action, messages_of, open_action, staff, token_of
 from tests.conftest import run_in_threads
 from tests.helpers import balance, customer
@@ -174,6 +174,18 @@ def test_freeze_and_unfreeze_take_the_version_shown(admin_client):
     wallet.refresh_from_db()
     assert wallet.status == Account.Status.ACTIVE
     assert any("now Active" in m for m in messages_of(response))
+
+
+def test_unfreeze_pressed_twice_unfreezes_once(admin_client):
+    _, _, wallet = customer("alice")
+    account_freeze(account_id=wallet.pk)
+    wallet.refresh_from_db()
+    seen = wallet.version
+    freeze(admin_client, wallet, seen, action="unfreeze")
+    again = freeze(admin_client, wallet, seen, action="unfreeze")
+    wallet.refresh_from_db()
+    assert (wallet.status, wallet.version) == (Account.Status.ACTIVE, seen + 1)
+    assert any("changed since you looked" in m for m in messages_of(again))
 
 
 def test_freeze_pressed_twice_freezes_once(admin_client):
