@@ -24,6 +24,7 @@ from django.db.models import Model, QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
+from django.utils.html import format_html
 from django.utils.translation import gettext_lazy as _
 
 from idempotency.calls import idempotent_call
@@ -45,7 +46,11 @@ def money_column(
 
     @admin.display(description=description, ordering=field)
     def show(self: Any, obj: Any) -> str:
-        return format_money(getattr(obj, field), currency(obj))
+        # One line: a price never wraps after its sign or symbol on a phone.
+        return format_html(
+            '<span class="money" style="white-space: nowrap">{}</span>',
+            format_money(getattr(obj, field), currency(obj)),
+        )
 
     show.__name__ = f"{field}_money"
     return show
