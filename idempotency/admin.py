@@ -1,6 +1,12 @@
-from django.contrib import admin
+from django.contrib import admin, messages
+from django.db import transaction
+from django.db.models import QuerySet
+from django.http import HttpRequest
+from django.utils.translation import gettext
+from django.utils.translation import gettext_lazy as _
 
-from .models import IdempotencyRecord
+from .models import AuditEntry, IdempotencyRecord
+from .services import KeyNotForgettable, record_forget
 
 
 @admin.register(IdempotencyRecord)
@@ -24,9 +30,87 @@ class IdempotencyRecordAdmin(admin.ModelAdmin):
         for f in IdempotencyRecord._meta.fields
         if f.name not in ("id", "response_body")
     ]
+    actions = ("forget",)
 
     def has_add_permission(self, request, obj=None) -> bool:
         return False
 
     def has_change_permission(self, request, obj=None) -> bool:
+        return False
+
+    def has_delete_permission(self, request, obj=None) -> bool:
+        # Deleting a record past its first recovery point would let a retry run
+        # committed effects again: only "forget" below, with its guard and audit.
+        return False
+
+    def has_forget_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm("idempotency.add_auditentry")
+
+    @admin.action(
+        description=_("Forget these keys (only before their first recovery point)"),
+        permissions=["forget"],
+    )
+    def forget(self, request: HttpRequest, queryset: QuerySet) -> None:
+        """Free keys whose request committed nothing but its record (phased, still
+        at "started"), so the client's retry runs afresh; each one recorded in the
+        audit log. Anything else is refused: its record is the memory of effects
+        that committed."""
+        for record in queryset.order_by("pk"):
+            try:
+                with transaction.atomic(durable=True):  # this action is the entry point
+                    record_forget(
+                        record_id=record.pk,
+                        actor_id=request.user.pk,
+                        actor_name=request.user.get_username(),
+                    )
+            except KeyNotForgettable:
+                self.message_user(
+                    request,
+                    gettext(
+                        "Key %(key)s was not forgotten: it is %(status)s at "
+                        "%(point)s, past its first recovery point or already gone."
+                    )
+                    % {
+                        "key": record.key,
+                        "status": record.get_status_display(),
+                        "point": record.recovery_point,
+                    },
+                    messages.WARNING,
+                )
+            else:
+                self.message_user(
+                    request,
+                    gettext("Key %(key)s forgotten; recorded in the audit log.")
+                    % {"key": record.key},
+                    messages.SUCCESS,
+                )
+
+
+@admin.register(AuditEntry)
+class AuditEntryAdmin(admin.ModelAdmin):
+    """Who forgot which key, and when: read-only, never deleted from here."""
+
+    list_display = ("at", "actor_name", "action", "scope", "key", "endpoint")
+    list_filter = ("action", "endpoint")
+    search_fields = ("key", "scope", "actor_name")
+    date_hierarchy = "at"
+    readonly_fields = (
+        "at",
+        "actor",
+        "actor_name",
+        "action",
+        "scope",
+        "key",
+        "endpoint",
+        "record",
+    )
+    fields = readonly_fields
+
+    def has_add_permission(self, request, obj=None) -> bool:
+        return False
+
+    def has_change_permission(self, request, obj=None) -> bool:
+        return False
+
+    def has_delete_permission(self, request, obj=None) -> bool:
         return False

@@ -6,9 +6,11 @@ decides which of two concurrent requests owns a key.
 
 from datetime import datetime
 
+from django.conf import settings
 from django.db import models
 from django.db.models import Q
 from django.utils import timezone
+from django.utils.translation import gettext_lazy as _
 
 
 class RecordQuerySet(models.QuerySet["IdempotencyRecord"]):
@@ -21,38 +23,44 @@ class RecordQuerySet(models.QuerySet["IdempotencyRecord"]):
 
 class IdempotencyRecord(models.Model):
     class Status(models.TextChoices):
-        PROCESSING = "processing", "Processing"
-        SUCCEEDED = "succeeded", "Succeeded"
-        FAILED = "failed", "Failed"
+        PROCESSING = "processing", _("Processing")
+        SUCCEEDED = "succeeded", _("Succeeded")
+        FAILED = "failed", _("Failed")
 
     # Who the key belongs to ("user:<pk>"): two users may use the same key.
-    scope = models.CharField(max_length=64)
-    key = models.CharField(max_length=255)
+    scope = models.CharField(_("scope"), max_length=64)
+    key = models.CharField(_("key"), max_length=255)
     # Which endpoint (the decorator's name) and request it was first used for.
-    endpoint = models.CharField(max_length=100)
-    method = models.CharField(max_length=10)
-    path = models.TextField()  # as long as the URL the client sent
-    fingerprint = models.CharField(max_length=64)
+    endpoint = models.CharField(_("endpoint"), max_length=100)
+    method = models.CharField(_("method"), max_length=10)
+    path = models.TextField(_("path"))  # as long as the URL the client sent
+    fingerprint = models.CharField(_("fingerprint"), max_length=64)
     # A short hash of each top-level body field, so a 422 can name what changed
     # without keeping the request body itself.
-    request_fields = models.JSONField(default=dict)
-    status = models.CharField(max_length=16, choices=Status.choices)
-    response_status = models.PositiveSmallIntegerField(null=True, blank=True)
-    response_headers = models.JSONField(default=dict)
-    response_body = models.BinaryField(null=True, blank=True)
+    request_fields = models.JSONField(_("request fields"), default=dict)
+    status = models.CharField(_("status"), max_length=16, choices=Status.choices)
+    response_status = models.PositiveSmallIntegerField(
+        _("response status"), null=True, blank=True
+    )
+    response_headers = models.JSONField(_("response headers"), default=dict)
+    response_body = models.BinaryField(_("response body"), null=True, blank=True)
     # Multi-phase work: the last phase that committed, and what it needs to resume.
-    recovery_point = models.CharField(max_length=64, default="started")
-    recovery_data = models.JSONField(default=dict)
+    recovery_point = models.CharField(
+        _("recovery point"), max_length=64, default="started"
+    )
+    recovery_data = models.JSONField(_("recovery data"), default=dict)
     # The lease of an in-flight multi-phase request; a retry may take the key over
     # once it has passed. Its exact value doubles as the lease holder's token.
-    locked_until = models.DateTimeField(null=True, blank=True)
-    created_at = models.DateTimeField(auto_now_add=True)
+    locked_until = models.DateTimeField(_("locked until"), null=True, blank=True)
+    created_at = models.DateTimeField(_("created"), auto_now_add=True)
     # IDEMPOTENCY_TTL_SECONDS after the request finished.
-    expires_at = models.DateTimeField(db_index=True)
+    expires_at = models.DateTimeField(_("expires"), db_index=True)
 
     objects = RecordQuerySet.as_manager()
 
     class Meta:
+        verbose_name = _("idempotency record")
+        verbose_name_plural = _("idempotency records")
         constraints = [
             models.UniqueConstraint(
                 fields=["scope", "key"], name="idempotency_scope_key"
@@ -79,3 +87,48 @@ class IdempotencyRecord(models.Model):
         the only memory of effects that committed, and forgetting it would let a retry
         run them again. Stuck ones are `record_release_stuck`'s to deal with."""
         return self.finished and self.expires_at <= now
+
+    @property
+    def forgettable(self) -> bool:
+        """Still before its first recovery point: nothing but the record itself has
+        committed, so forgetting it lets a retry run afresh and nothing twice. Past
+        a recovery point, or finished, the record is the only memory of effects that
+        committed: forgetting it would let a retry run them again."""
+        return self.status == self.Status.PROCESSING and self.recovery_point == STARTED
+
+
+# The recovery point of a phased record that has committed nothing but itself.
+STARTED = "started"
+
+
+class AuditEntry(models.Model):
+    """Who did what to which key, and when: written in the same transaction as the
+    change it records, kept when the key record is gone."""
+
+    class Action(models.TextChoices):
+        FORGET = "forget", _("Forgot the key")
+
+    actor = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        verbose_name=_("who"),
+        null=True,
+        on_delete=models.SET_NULL,
+        related_name="+",
+    )
+    # The username at the time: the audit outlives a renamed or deleted user.
+    actor_name = models.CharField(_("username"), max_length=150)
+    at = models.DateTimeField(_("when"), auto_now_add=True, db_index=True)
+    action = models.CharField(_("what"), max_length=16, choices=Action.choices)
+    scope = models.CharField(_("scope"), max_length=64)
+    key = models.CharField(_("key"), max_length=255)
+    endpoint = models.CharField(_("endpoint"), max_length=100)
+    # The record as it was when it was changed.
+    record = models.JSONField(_("record"), default=dict)
+
+    class Meta:
+        verbose_name = _("audit log entry")
+        verbose_name_plural = _("audit log")
+        ordering = ["-id"]
+
+    def __str__(self) -> str:
+        return f"{self.actor_name} {self.action} {self.scope} {self.key}"

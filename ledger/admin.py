@@ -1,10 +1,25 @@
+from decimal import Decimal
+from typing import Any
+
+from django import forms
 from django.contrib import admin, messages
 from django.db import transaction
-from django.db.models import QuerySet
-from django.http import HttpRequest
-from django_fsm import TransitionNotAllowed
+from django.db.models import Q, QuerySet, Sum
+from django.http import HttpRequest, HttpResponse
+from django.utils.translation import gettext
+from django.utils.translation import gettext_lazy as _
+
+from idempotency.exceptions import IdempotencyKeyInFlight, IdempotencyKeyReused
 
 from . import services
+from .backoffice import (
+    ActionForm,
+    BackofficeMixin,
+    action_page,
+    money_column,
+    once,
+)
+from .exceptions import AccountTransitionRefused, DomainError, StaleVersion
 from .models import (
     Account,
     JournalEntry,
@@ -13,6 +28,13 @@ from .models import (
     Transfer,
     TransferBatch,
 )
+from .money import format_money
+
+# Minor units per major unit: the credit form takes yuan (or dollars) with two
+# decimals, like the shop's order form.
+MINOR_PER_MAJOR = 100
+# The largest single credit, in minor units (as the API's largest amount).
+CREDIT_MAX = 10**15
 
 
 class ReadOnlyAdmin(admin.ModelAdmin):
@@ -30,75 +52,334 @@ class ReadOnlyAdmin(admin.ModelAdmin):
 
 class PostingInline(admin.TabularInline):
     model = Posting
-    fields = ("account", "amount", "balance_after", "version")
+    fields = ("account", "amount_money", "balance_after_money", "version")
     readonly_fields = fields
     extra = 0
     can_delete = False
+
+    amount_money = money_column(
+        "amount", _("amount"), currency=lambda posting: posting.entry.currency
+    )
+    balance_after_money = money_column(
+        "balance_after",
+        _("balance after"),
+        currency=lambda posting: posting.entry.currency,
+    )
 
     def has_add_permission(self, request: HttpRequest, obj=None) -> bool:
         return False
 
 
+class CreditForm(ActionForm):
+    amount = forms.DecimalField(
+        label=_("Amount"),
+        min_value=Decimal("0.01"),
+        max_value=Decimal(CREDIT_MAX) / MINOR_PER_MAJOR,
+        max_digits=15,
+        decimal_places=2,
+        widget=forms.NumberInput(
+            attrs={"step": "0.01", "min": "0.01", "inputmode": "decimal"}
+        ),
+    )
+    description = forms.CharField(
+        label=_("Description"),
+        max_length=255,
+        required=False,
+        help_text=_("Shown in the customer's account history."),
+    )
+
+    def amount_minor_units(self) -> int:
+        return int(self.cleaned_data["amount"] * MINOR_PER_MAJOR)
+
+
+class VersionsForm(forms.Form):
+    """The confirmation of a state change: the version of each account as shown, so
+    that the change applies only to the account the staff member saw."""
+
+    def __init__(self, *args, accounts: list[Account], **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        for account in accounts:
+            self.fields[f"version_{account.pk}"] = forms.IntegerField(
+                widget=forms.HiddenInput, initial=account.version
+            )
+
+
+# The refusals staff meet in the back office, by their stable code, in the reader's
+# language (the API's `detail` is English). Apps above add theirs.
+REFUSALS: dict[str, Any] = {
+    "account_not_active": _("The account is not active; nothing was done."),
+    "not_a_wallet": _("Only a customer's wallet can be credited; nothing was done."),
+    "reference_conflict": _(
+        "Another entry already carries this reference; nothing was done."
+    ),
+    "currency_mismatch": _("The currencies do not match; nothing was done."),
+    "insufficient_funds": _("Not enough money in the account; nothing was done."),
+}
+
+
+def refusal_message(exc: Exception) -> str:
+    """What staff read when a press did nothing (in their language)."""
+    if isinstance(exc, IdempotencyKeyReused):
+        return gettext(
+            "This form was already submitted with other values; nothing more was "
+            "done. Open the action again to do something new."
+        )
+    if isinstance(exc, IdempotencyKeyInFlight):
+        return gettext("The same form is still being processed; look again shortly.")
+    if isinstance(exc, DomainError):
+        return str(REFUSALS.get(exc.code, exc.detail))
+    raise exc
+
+
 @admin.register(Account)
-class AccountAdmin(admin.ModelAdmin):
+class AccountAdmin(BackofficeMixin, admin.ModelAdmin):
+    # What staff look for first comes first: a phone shows the first columns.
     list_display = (
         "id",
-        "kind",
         "owner",
+        "balance_money",
+        "status",
+        "kind",
         "code",
         "currency",
-        "balance",
         "version",
-        "status",
     )
     list_filter = ("kind", "status", "currency")
     search_fields = ("owner__username", "code")
-    readonly_fields = ("balance", "version", "status", "created_at")
+    list_select_related = ("owner",)
+    readonly_fields = ("balance_money", "version", "status", "created_at")
     fields = ("owner", "code", "kind", "currency", *readonly_fields)
-    actions = ("freeze", "unfreeze", "close")
+    actions = ("credit", "freeze", "unfreeze", "close")
+
+    balance_money = money_column("balance", _("balance"))
 
     def has_delete_permission(self, request: HttpRequest, obj=None) -> bool:
         return False
 
-    def _transition(self, request: HttpRequest, queryset: QuerySet, service) -> None:
-        for account in queryset.order_by("pk"):
+    def get_readonly_fields(self, request: HttpRequest, obj=None):
+        # An account's identity is fixed once it exists; only its transitions
+        # (the actions) and ledger entries change it.
+        if obj is not None:
+            return ("owner", "code", "kind", "currency", *self.readonly_fields)
+        return self.readonly_fields
+
+    @admin.action(description=_("Credit the customer (a deposit entry)"))
+    def credit(self, request: HttpRequest, queryset: QuerySet) -> HttpResponse:
+        return self.start_page(request, queryset, "credit")
+
+    def credit_page(self, request: HttpRequest, queryset: QuerySet) -> HttpResponse:
+        """Deposit the amount into each selected wallet, once per form (its token
+        names the deposit: `admin-credit:<token>:<account>`)."""
+        accounts = list(queryset.order_by("pk"))
+        if request.method != "POST":
+            form = CreditForm(initial={"token": request.GET.get("token", "")})
+            return self._credit_form(request, accounts, form)
+        form = CreditForm(request.POST)
+        if not form.is_valid():
+            return self._credit_form(request, accounts, form, status=400)
+        token = form.cleaned_data["token"]
+        amount = form.amount_minor_units()
+        description = form.cleaned_data["description"] or gettext("Staff credit")
+        for account in accounts:
+
+            def credit(account: Account = account) -> dict:
+                entry = services.account_credit(
+                    account_id=account.pk,
+                    amount=amount,
+                    reference=f"admin-credit:{token}:{account.pk}",
+                    description=description,
+                )
+                return {"entry": entry.pk}
+
             try:
-                with transaction.atomic(durable=True):
-                    service(account_id=account.pk)
-            except TransitionNotAllowed:
+                result, ran = once(
+                    request,
+                    action="credit",
+                    token=token,
+                    target=account.pk,
+                    data={"amount": amount, "description": description},
+                    fn=credit,
+                )
+            except Exception as exc:
+                self.message_user(request, refusal_message(exc), messages.ERROR)
+                continue
+            text = gettext("Credited %(amount)s to %(account)s (entry %(entry)s).") % {
+                "amount": format_money(amount, account.currency),
+                "account": account,
+                "entry": result["entry"],
+            }
+            if not ran:
+                text += " " + gettext("(Submitted before: done once.)")
+            self.message_user(request, text, messages.SUCCESS)
+        return self.done()
+
+    def _credit_form(self, request, accounts, form, status: int = 200):
+        return action_page(
+            self,
+            request,
+            title=gettext("Credit the customer"),
+            form=form,
+            button=gettext("Credit"),
+            rows=[
+                (account, format_money(account.balance, account.currency))
+                for account in accounts
+            ],
+            status=status,
+        )
+
+    def _transition(
+        self, request: HttpRequest, queryset: QuerySet, service, title
+    ) -> HttpResponse:
+        """Show the accounts with their versions; apply the change to each account
+        only if it is still at the version shown (a second press finds it moved)."""
+        accounts = list(queryset.order_by("pk"))
+        form = VersionsForm(
+            request.POST if request.method == "POST" else None, accounts=accounts
+        )
+        if not form.is_bound or not form.is_valid():
+            return action_page(
+                self,
+                request,
+                title=title,
+                form=form,
+                button=gettext("Yes, I'm sure"),
+                rows=[
+                    (
+                        account,
+                        f"{account.get_status_display()}, "
+                        + gettext("version %(version)s") % {"version": account.version},
+                    )
+                    for account in accounts
+                ],
+                status=400 if form.is_bound else 200,
+            )
+        for account in accounts:
+            try:
+                with transaction.atomic(durable=True):  # this page is the entry point
+                    changed = service(
+                        account_id=account.pk,
+                        seen_version=form.cleaned_data[f"version_{account.pk}"],
+                    )
+            except StaleVersion:
                 self.message_user(
                     request,
-                    f"Account {account.pk} is {account.status}; not changed.",
+                    gettext(
+                        "%(account)s changed since you looked at it; not changed. "
+                        "Look at it again."
+                    )
+                    % {"account": account},
                     messages.WARNING,
                 )
+            except AccountTransitionRefused:
+                self.message_user(
+                    request,
+                    gettext("%(account)s is %(status)s; not changed.")
+                    % {"account": account, "status": account.get_status_display()},
+                    messages.WARNING,
+                )
+            else:
+                self.message_user(
+                    request,
+                    gettext("%(account)s is now %(status)s.")
+                    % {"account": changed, "status": changed.get_status_display()},
+                    messages.SUCCESS,
+                )
+        return self.done()
 
-    @admin.action(description="Freeze (money may arrive, not leave)")
-    def freeze(self, request: HttpRequest, queryset: QuerySet) -> None:
-        self._transition(request, queryset, services.account_freeze)
+    @admin.action(description=_("Freeze (money may arrive, not leave)"))
+    def freeze(self, request: HttpRequest, queryset: QuerySet) -> HttpResponse:
+        return self.start_page(request, queryset, "freeze")
 
-    @admin.action(description="Unfreeze")
-    def unfreeze(self, request: HttpRequest, queryset: QuerySet) -> None:
-        self._transition(request, queryset, services.account_unfreeze)
+    def freeze_page(self, request: HttpRequest, queryset: QuerySet) -> HttpResponse:
+        return self._transition(
+            request,
+            queryset,
+            services.account_freeze,
+            gettext("Freeze these accounts?"),
+        )
 
-    @admin.action(description="Close for good")
-    def close(self, request: HttpRequest, queryset: QuerySet) -> None:
-        self._transition(request, queryset, services.account_close)
+    @admin.action(description=_("Unfreeze"))
+    def unfreeze(self, request: HttpRequest, queryset: QuerySet) -> HttpResponse:
+        return self.start_page(request, queryset, "unfreeze")
+
+    def unfreeze_page(self, request: HttpRequest, queryset: QuerySet) -> HttpResponse:
+        return self._transition(
+            request,
+            queryset,
+            services.account_unfreeze,
+            gettext("Unfreeze these accounts?"),
+        )
+
+    @admin.action(description=_("Close for good"))
+    def close(self, request: HttpRequest, queryset: QuerySet) -> HttpResponse:
+        return self.start_page(request, queryset, "close")
+
+    def close_page(self, request: HttpRequest, queryset: QuerySet) -> HttpResponse:
+        return self._transition(
+            request,
+            queryset,
+            services.account_close,
+            gettext("Close these accounts for good?"),
+        )
 
 
 @admin.register(JournalEntry)
 class JournalEntryAdmin(ReadOnlyAdmin):
-    list_display = ("id", "kind", "reference", "currency", "description", "created_at")
+    list_display = (
+        "id",
+        "kind",
+        "reference",
+        "amount_money",
+        "description",
+        "created_at",
+    )
     list_filter = ("kind", "currency")
     search_fields = ("reference", "description")
     date_hierarchy = "created_at"
     inlines = (PostingInline,)
+    readonly_fields = (
+        "reference",
+        "kind",
+        "amount_money",
+        "currency",
+        "description",
+        "created_at",
+    )
+    fields = readonly_fields
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet:
+        # An entry's amount: what its postings move (the sum of its credits).
+        return (
+            super()
+            .get_queryset(request)
+            .annotate(moved=Sum("postings__amount", filter=Q(postings__amount__gt=0)))
+        )
+
+    amount_money = money_column("moved", _("amount"))
 
 
 @admin.register(Posting)
 class PostingAdmin(ReadOnlyAdmin):
-    list_display = ("id", "entry", "account", "amount", "balance_after", "version")
-    list_select_related = ("entry", "account")
+    list_display = ("id", "entry", "account", "amount_money", "balance_after_money")
+    list_select_related = ("entry", "account", "account__owner")
     search_fields = ("entry__reference",)
+    readonly_fields = (
+        "entry",
+        "account",
+        "amount_money",
+        "balance_after_money",
+        "version",
+    )
+    fields = readonly_fields
+
+    amount_money = money_column(
+        "amount", _("amount"), currency=lambda posting: posting.account.currency
+    )
+    balance_after_money = money_column(
+        "balance_after",
+        _("balance after"),
+        currency=lambda posting: posting.account.currency,
+    )
 
 
 @admin.register(JournalSeal)

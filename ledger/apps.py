@@ -1,9 +1,10 @@
 from django.apps import AppConfig
+from django.utils.translation import gettext_lazy as _
 
 
 class LedgerConfig(AppConfig):
     name = "ledger"
-    verbose_name = "Ledger"
+    verbose_name = _("Ledger")
 
     def ready(self) -> None:
         # Connect the Celery task signals (metrics and the task log line) in every

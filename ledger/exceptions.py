@@ -85,3 +85,17 @@ class TransferBatchRefused(DomainError):
             "made; see `errors`.",
             errors=[{"index": index, "code": error.code} for index, error in refusals],
         )
+
+
+class AccountTransitionRefused(DomainError):
+    status = 409
+    code = "account_transition_refused"
+    title = "Not possible in this state"
+    default_detail = "The account's state has no such transition."
+
+
+class NotAWallet(DomainError):
+    status = 422
+    code = "not_a_wallet"
+    title = "Not a customer wallet"
+    default_detail = "Only a customer's wallet can be credited."

@@ -9,39 +9,49 @@ postings. Entries are append-only: a correction is a reversing entry.
 from django.conf import settings
 from django.db import models
 from django.db.models import Q
+from django.utils.translation import gettext_lazy as _
 from django_fsm import FSMField, transition
 
 
 class Account(models.Model):
     class Kind(models.TextChoices):
-        WALLET = "wallet", "Customer wallet"
-        MERCHANT = "merchant", "Merchant account"
+        WALLET = "wallet", _("Customer wallet")
+        MERCHANT = "merchant", _("Merchant account")
         # The outside world: where deposits come from and withdrawals go. Its balance
         # is the negative of all the money inside the system, so it may go below zero.
-        EXTERNAL = "external", "External (outside world)"
+        EXTERNAL = "external", _("External (outside world)")
 
     class Status(models.TextChoices):
-        ACTIVE = "active", "Active"
-        FROZEN = "frozen", "Frozen"
-        CLOSED = "closed", "Closed"
+        ACTIVE = "active", _("Active")
+        FROZEN = "frozen", _("Frozen")
+        CLOSED = "closed", _("Closed")
 
     owner = models.ForeignKey(
         settings.AUTH_USER_MODEL,
+        verbose_name=_("owner"),
         null=True,
         blank=True,
         on_delete=models.PROTECT,
         related_name="accounts",
     )
     # System accounts (the merchant, the outside world) are found by code.
-    code = models.SlugField(max_length=64, null=True, blank=True, unique=True)
-    kind = models.CharField(max_length=16, choices=Kind.choices, default=Kind.WALLET)
-    currency = models.CharField(max_length=3, default="CNY")
-    balance = models.BigIntegerField(default=0)
-    version = models.BigIntegerField(default=0)
-    status = FSMField(max_length=16, choices=Status.choices, default=Status.ACTIVE)
-    created_at = models.DateTimeField(auto_now_add=True)
+    code = models.SlugField(
+        _("code"), max_length=64, null=True, blank=True, unique=True
+    )
+    kind = models.CharField(
+        _("kind"), max_length=16, choices=Kind.choices, default=Kind.WALLET
+    )
+    currency = models.CharField(_("currency"), max_length=3, default="CNY")
+    balance = models.BigIntegerField(_("balance"), default=0)
+    version = models.BigIntegerField(_("version"), default=0)
+    status = FSMField(
+        _("status"), max_length=16, choices=Status.choices, default=Status.ACTIVE
+    )
+    created_at = models.DateTimeField(_("created"), auto_now_add=True)
 
     class Meta:
+        verbose_name = _("account")
+        verbose_name_plural = _("accounts")
         constraints = [
             models.CheckConstraint(
                 condition=Q(balance__gte=0) | Q(kind="external"),
@@ -56,7 +66,7 @@ class Account(models.Model):
 
     def __str__(self) -> str:
         who = self.code or (self.owner.get_username() if self.owner else "?")
-        return f"{self.kind}:{who} ({self.currency})"
+        return f"{self.get_kind_display()} {who} ({self.currency})"
 
     # Transitions only declare the legal edges; services save and log.
     @transition(field=status, source=Status.ACTIVE, target=Status.FROZEN)
@@ -79,24 +89,25 @@ class JournalEntry(models.Model):
     the constraint instead of moving money twice."""
 
     class Kind(models.TextChoices):
-        DEPOSIT = "deposit", "Deposit"
-        WITHDRAWAL = "withdrawal", "Withdrawal"
-        TRANSFER = "transfer", "Transfer"
-        PAYMENT = "payment", "Payment"
-        REFUND = "refund", "Refund"
-        ADJUSTMENT = "adjustment", "Adjustment"
+        DEPOSIT = "deposit", _("Deposit")
+        WITHDRAWAL = "withdrawal", _("Withdrawal")
+        TRANSFER = "transfer", _("Transfer")
+        PAYMENT = "payment", _("Payment")
+        REFUND = "refund", _("Refund")
+        ADJUSTMENT = "adjustment", _("Adjustment")
 
-    reference = models.CharField(max_length=300, unique=True)
-    kind = models.CharField(max_length=16, choices=Kind.choices)
-    currency = models.CharField(max_length=3)
-    description = models.CharField(max_length=255, blank=True)
+    reference = models.CharField(_("reference"), max_length=300, unique=True)
+    kind = models.CharField(_("kind"), max_length=16, choices=Kind.choices)
+    currency = models.CharField(_("currency"), max_length=3)
+    description = models.CharField(_("description"), max_length=255, blank=True)
     # What `description` says, as a kind of text and its parameters, so that pages
     # show it in the reader's language (`ledger.texts`); empty for a free text.
-    params = models.JSONField(default=dict, blank=True)
-    created_at = models.DateTimeField(auto_now_add=True, db_index=True)
+    params = models.JSONField(_("text parameters"), default=dict, blank=True)
+    created_at = models.DateTimeField(_("created"), auto_now_add=True, db_index=True)
 
     class Meta:
-        verbose_name_plural = "journal entries"
+        verbose_name = _("journal entry")
+        verbose_name_plural = _("journal entries")
 
     def __str__(self) -> str:
         return f"{self.kind} {self.reference}"
@@ -106,19 +117,27 @@ class Posting(models.Model):
     """One leg of an entry: a signed amount on one account (negative leaves it)."""
 
     entry = models.ForeignKey(
-        JournalEntry, on_delete=models.PROTECT, related_name="postings"
+        JournalEntry,
+        verbose_name=_("journal entry"),
+        on_delete=models.PROTECT,
+        related_name="postings",
     )
     account = models.ForeignKey(
-        Account, on_delete=models.PROTECT, related_name="postings"
+        Account,
+        verbose_name=_("account"),
+        on_delete=models.PROTECT,
+        related_name="postings",
     )
-    amount = models.BigIntegerField()
+    amount = models.BigIntegerField(_("amount"))
     # The account as this posting left it, taken from the balance update's RETURNING:
     # a statement reads them instead of summing history, and `check_ledger` proves
     # the latest posting's `balance_after` is the account's balance.
-    balance_after = models.BigIntegerField()
-    version = models.BigIntegerField()
+    balance_after = models.BigIntegerField(_("balance after"))
+    version = models.BigIntegerField(_("version after"))
 
     class Meta:
+        verbose_name = _("posting")
+        verbose_name_plural = _("postings")
         constraints = [
             models.CheckConstraint(
                 condition=~Q(amount=0), name="posting_amount_nonzero"

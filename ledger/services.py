@@ -19,16 +19,19 @@ from django.contrib.auth.models import User
 from django.db import IntegrityError, connection, transaction
 from django.db.models import F, Q, QuerySet
 from django.db.models.sql import UpdateQuery
+from django_fsm import TransitionNotAllowed
 
 from idempotency.sql import insert_unless_exists
 
 from .exceptions import (
     AccountNotActive,
     AccountNotFound,
+    AccountTransitionRefused,
     CurrencyMismatch,
     DomainError,
     InsufficientFunds,
     InvalidTransfer,
+    NotAWallet,
     RecipientUnknown,
     ReferenceConflict,
     StaleVersion,
@@ -296,27 +299,62 @@ def wallet_top_up(*, account_id: int, at_least: int) -> JournalEntry | None:
     )
 
 
-def _account_transition(account_id: int, name: str) -> Account:
+def _account_transition(
+    account_id: int, name: str, seen_version: int | None
+) -> Account:
+    """Take the transition `name` under the account's row lock, and bump its version.
+
+    `seen_version` is the version the caller showed its user (the admin's
+    confirmation page): if the account changed since, nothing happens and
+    `StaleVersion` is raised, so a second press of the same button, or two staff
+    members at once, change the account once. An edge the state machine does not
+    have (freezing a frozen account) raises `AccountTransitionRefused`.
+    """
     with transaction.atomic(savepoint=False):
         account = Account.objects.select_for_update().get(pk=account_id)
-        getattr(account, name)()
-        account.save(update_fields=["status"])
+        if seen_version is not None and account.version != seen_version:
+            raise StaleVersion(account_id=account_id, version=account.version)
+        try:
+            getattr(account, name)()
+        except TransitionNotAllowed:
+            raise AccountTransitionRefused(
+                f"Account {account_id} is {account.status}: it cannot {name}.",
+                status_now=account.status,
+            ) from None
+        account.version += 1
+        account.save(update_fields=["status", "version"])
     return account
 
 
-def account_freeze(*, account_id: int) -> Account:
+def account_freeze(*, account_id: int, seen_version: int | None = None) -> Account:
     """Freeze an active account: money can arrive but no longer leave."""
-    return _account_transition(account_id, "freeze")
+    return _account_transition(account_id, "freeze", seen_version)
 
 
-def account_unfreeze(*, account_id: int) -> Account:
+def account_unfreeze(*, account_id: int, seen_version: int | None = None) -> Account:
     """Make a frozen account active again."""
-    return _account_transition(account_id, "unfreeze")
+    return _account_transition(account_id, "unfreeze", seen_version)
 
 
-def account_close(*, account_id: int) -> Account:
+def account_close(*, account_id: int, seen_version: int | None = None) -> Account:
     """Close an account for good; nothing moves in or out afterwards."""
-    return _account_transition(account_id, "close")
+    return _account_transition(account_id, "close", seen_version)
+
+
+def account_credit(
+    *, account_id: int, amount: int, reference: str, description: str = ""
+) -> JournalEntry:
+    """Credit a customer's wallet from the outside world (a deposit entry), once per
+    reference: the staff's "credit" button. Only wallets: the shop's own and the
+    outside world's accounts move through payments and refunds."""
+    if not Account.objects.filter(pk=account_id, kind=Account.Kind.WALLET).exists():
+        raise NotAWallet(f"Account {account_id} is not a customer wallet.")
+    return ledger_deposit(
+        account_id=account_id,
+        amount=amount,
+        reference=reference,
+        description=description,
+    )
 
 
 def customer_get_or_create(

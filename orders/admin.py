@@ -10,7 +10,9 @@ from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
 from django.utils.html import format_html
 from django.utils.translation import gettext_lazy as _
+from django.utils.translation import ngettext
 
+from ledger.backoffice import money_column
 from ledger.currencies import SUPPORTED_CURRENCIES
 from ledger.exceptions import DomainError
 
@@ -30,6 +32,19 @@ class OrderItemInline(admin.TabularInline):
         return False
 
 
+# The state machine's edges as staff read them (django-fsm knows only their names).
+TRANSITION_LABELS = {
+    "pay": _("pay"),
+    "ship": _("ship"),
+    "complete": _("complete"),
+    "cancel": _("cancel"),
+    "refund": _("refund"),
+    "authorize": _("authorize"),
+    "capture": _("capture"),
+    "void": _("void"),
+}
+
+
 @admin.register(Order)
 class OrderAdmin(admin.ModelAdmin):
     """Orders change state only through their transitions (the actions below), each
@@ -37,10 +52,9 @@ class OrderAdmin(admin.ModelAdmin):
 
     list_display = (
         "merchant_order_no",
-        "owner",
-        "amount",
-        "currency",
+        "amount_money",
         "status",
+        "owner",
         "available_transitions",
         "created_at",
     )
@@ -51,7 +65,7 @@ class OrderAdmin(admin.ModelAdmin):
     readonly_fields = (
         "merchant_order_no",
         "owner",
-        "amount",
+        "amount_money",
         "currency",
         "description",
         "status",
@@ -70,11 +84,13 @@ class OrderAdmin(admin.ModelAdmin):
     def has_delete_permission(self, request: HttpRequest, obj=None) -> bool:
         return False
 
+    amount_money = money_column("amount", _("amount"))
+
     @admin.display(description=_("available transitions"))
     def available_transitions(self, order: Order) -> str:
         transitions = order.get_available_status_transitions()  # type: ignore[attr-defined]  # added by django-fsm
         names = sorted(t.name for t in transitions)
-        return ", ".join(names) or "—"
+        return ", ".join(str(TRANSITION_LABELS.get(n, n)) for n in names) or "—"
 
     def _transition(self, request: HttpRequest, queryset: QuerySet, service) -> None:
         moved = 0
@@ -87,7 +103,12 @@ class OrderAdmin(admin.ModelAdmin):
             else:
                 moved += 1
         if moved:
-            self.message_user(request, f"{moved} order(s) updated.", messages.SUCCESS)
+            self.message_user(
+                request,
+                ngettext("%(count)d order updated.", "%(count)d orders updated.", moved)
+                % {"count": moved},
+                messages.SUCCESS,
+            )
 
     @admin.action(description=_("Cancel (only unpaid orders)"))
     def cancel(self, request: HttpRequest, queryset: QuerySet) -> None:

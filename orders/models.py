@@ -19,13 +19,16 @@ MERCHANT_ORDER_NO_MAX_LENGTH = 32
 
 class PreOrder(models.Model):
     merchant_order_no = models.CharField(
-        max_length=MERCHANT_ORDER_NO_MAX_LENGTH, unique=True
+        _("merchant order number"), max_length=MERCHANT_ORDER_NO_MAX_LENGTH, unique=True
     )
     owner = models.ForeignKey(
-        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="preorders"
+        settings.AUTH_USER_MODEL,
+        verbose_name=_("owner"),
+        on_delete=models.CASCADE,
+        related_name="preorders",
     )
-    created_at = models.DateTimeField(auto_now_add=True)
-    expires_at = models.DateTimeField(db_index=True)
+    created_at = models.DateTimeField(_("created"), auto_now_add=True)
+    expires_at = models.DateTimeField(_("expires"), db_index=True)
 
     class Meta:
         verbose_name = _("pre-order")
@@ -71,7 +74,10 @@ class Order(ConcurrentTransitionMixin, models.Model):
     Status = OrderStatus
 
     owner = models.ForeignKey(
-        settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="orders"
+        settings.AUTH_USER_MODEL,
+        verbose_name=_("owner"),
+        on_delete=models.PROTECT,
+        related_name="orders",
     )
     merchant_order_no = models.CharField(
         _("merchant order number"), max_length=MERCHANT_ORDER_NO_MAX_LENGTH

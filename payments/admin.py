@@ -1,19 +1,47 @@
+from django import forms
 from django.contrib import admin, messages
 from django.db.models import QuerySet
-from django.http import HttpRequest
+from django.http import HttpRequest, HttpResponse
+from django.utils.translation import gettext, ngettext
+from django.utils.translation import gettext_lazy as _
 
-from ledger.admin import ReadOnlyAdmin
+from ledger.admin import REFUSALS, ReadOnlyAdmin, refusal_message
+from ledger.backoffice import (
+    ActionForm,
+    BackofficeMixin,
+    action_page,
+    money_column,
+    once,
+)
+from ledger.money import format_money
 from orders.admin import OrderAdmin
 from orders.models import Order
 
 from .models import Payment, ProviderEvent, Refund, Shipment
-from .services import provider_event_redrive
+from .services import payment_refund, provider_event_redrive
+
+REFUSALS.update(
+    already_refunded=_("This payment was already refunded; nothing was done."),
+    payment_not_refundable=_(
+        "Only a succeeded payment can be refunded; nothing was done."
+    ),
+)
+
+
+class RefundForm(ActionForm):
+    reason = forms.CharField(
+        label=_("Reason"),
+        max_length=64,
+        initial="requested",
+        help_text=_("Kept with the refund (at most 64 characters)."),
+    )
 
 
 class PaymentInline(admin.TabularInline):
     model = Payment
-    fields = ("id", "method", "amount", "currency", "status", "created_at")
+    fields = ("id", "method", "amount_money", "status", "created_at")
     readonly_fields = fields
+    amount_money = money_column("amount", _("amount"))
     extra = 0
     can_delete = False
     show_change_link = True
@@ -34,17 +62,16 @@ class OrderWithPaymentsAdmin(OrderAdmin):
 
 
 @admin.register(Payment)
-class PaymentAdmin(ReadOnlyAdmin):
+class PaymentAdmin(BackofficeMixin, ReadOnlyAdmin):
     """Payments are records of money that moved: read-only here; refunds go through
-    their service so the ledger moves with them."""
+    their service (the API's) so the ledger moves with them."""
 
     list_display = (
         "id",
         "order",
-        "method",
-        "amount",
-        "currency",
+        "amount_money",
         "status",
+        "method",
         "created_at",
         "succeeded_at",
     )
@@ -55,7 +82,7 @@ class PaymentAdmin(ReadOnlyAdmin):
     readonly_fields = (
         "order",
         "method",
-        "amount",
+        "amount_money",
         "currency",
         "status",
         "journal_entry",
@@ -65,23 +92,91 @@ class PaymentAdmin(ReadOnlyAdmin):
         "provider_txn_id",
         "pay_url",
     )
+    fields = readonly_fields
+    actions = ("refund",)
+
+    amount_money = money_column("amount", _("amount"))
+
+    def has_refund_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm("payments.add_refund")
+
+    @admin.action(
+        description=_("Refund (the money goes back once)"), permissions=["refund"]
+    )
+    def refund(self, request: HttpRequest, queryset: QuerySet) -> HttpResponse:
+        return self.start_page(request, queryset, "refund")
+
+    def refund_page(self, request: HttpRequest, queryset: QuerySet) -> HttpResponse:
+        """The API's refund, from a form with a one-time token: however often it is
+        submitted, each payment is refunded once, and every press after the first
+        gets the first one's outcome."""
+        payments = list(queryset.select_related("order").order_by("pk"))
+        if request.method == "POST":
+            form = RefundForm(request.POST)
+        else:
+            form = RefundForm(initial={"token": request.GET.get("token", "")})
+        if not form.is_bound or not form.is_valid():
+            return action_page(
+                self,
+                request,
+                title=gettext("Refund these payments?"),
+                form=form,
+                button=gettext("Refund"),
+                rows=[
+                    (payment, format_money(payment.amount, payment.currency))
+                    for payment in payments
+                ],
+                status=400 if form.is_bound else 200,
+            )
+        token, reason = form.cleaned_data["token"], form.cleaned_data["reason"]
+        for payment in payments:
+
+            def refund(payment: Payment = payment) -> dict:
+                made = payment_refund(payment_id=payment.pk, reason=reason)
+                return {"refund": made.pk}
+
+            try:
+                result, ran = once(
+                    request,
+                    action="refund",
+                    token=token,
+                    target=payment.pk,
+                    data={"reason": reason},
+                    fn=refund,
+                )
+            except Exception as exc:
+                self.message_user(request, refusal_message(exc), messages.ERROR)
+                continue
+            text = gettext(
+                "Refunded %(amount)s of order %(order)s (refund %(refund)s)."
+            ) % {
+                "amount": format_money(payment.amount, payment.currency),
+                "order": payment.order.merchant_order_no,
+                "refund": result["refund"],
+            }
+            if not ran:
+                text += " " + gettext("(Submitted before: done once.)")
+            self.message_user(request, text, messages.SUCCESS)
+        return self.done()
 
 
 @admin.register(Refund)
 class RefundAdmin(ReadOnlyAdmin):
     """Refunds are made by `payment_refund` (money moves with them): read-only."""
 
-    list_display = ("id", "payment", "amount", "currency", "reason", "created_at")
+    list_display = ("id", "payment", "amount_money", "reason", "created_at")
     list_filter = ("currency", "reason")
     search_fields = ("payment__order__merchant_order_no",)
+    amount_money = money_column("amount", _("amount"))
     readonly_fields = (
         "payment",
-        "amount",
+        "amount_money",
         "currency",
         "reason",
         "journal_entry",
         "created_at",
     )
+    fields = readonly_fields
 
 
 @admin.register(ProviderEvent)
@@ -109,27 +204,44 @@ class ProviderEventAdmin(ReadOnlyAdmin):
         return request.user.has_perm("payments.change_providerevent")
 
     @admin.action(
-        description="Re-drive parked events (process them again, once)",
+        description=_("Re-drive parked events (process them again, once)"),
         permissions=["redrive"],
     )
     def redrive(self, request: HttpRequest, queryset: QuerySet) -> None:
-        outcomes: dict[str, int] = {}
+        """No input, so no token: the service re-drives only a parked event, under
+        its row lock, so a second press or a second operator finds it moved on."""
+        outcomes = {"processed": 0, "failed": 0, "skipped": 0}
         for pk in queryset.order_by("pk").values_list("pk", flat=True):
             event, redriven = provider_event_redrive(event_id=pk)
             if not redriven:
-                outcome = "skipped (not parked)"
+                outcomes["skipped"] += 1
             elif event.status == ProviderEvent.Status.PROCESSED:
-                outcome = "processed"
+                outcomes["processed"] += 1
             else:
-                outcome = "failed again"
+                outcomes["failed"] += 1
                 self.message_user(
                     request,
-                    f"Event {event.event_id} failed again: {event.last_error}",
+                    gettext("Event %(event)s failed again: %(error)s")
+                    % {"event": event.event_id, "error": event.last_error},
                     messages.WARNING,
                 )
-            outcomes[outcome] = outcomes.get(outcome, 0) + 1
-        summary = ", ".join(f"{n} {outcome}" for outcome, n in outcomes.items())
-        self.message_user(request, f"Re-drive: {summary}.", messages.INFO)
+        parts = [
+            ngettext("%(n)d processed", "%(n)d processed", outcomes["processed"]),
+            ngettext("%(n)d failed again", "%(n)d failed again", outcomes["failed"]),
+            ngettext(
+                "%(n)d skipped (not parked)",
+                "%(n)d skipped (not parked)",
+                outcomes["skipped"],
+            ),
+        ]
+        counts = [outcomes["processed"], outcomes["failed"], outcomes["skipped"]]
+        summary = ", ".join(
+            part % {"n": n} for part, n in zip(parts, counts, strict=True) if n
+        )
+        level = messages.SUCCESS if outcomes["processed"] else messages.INFO
+        self.message_user(
+            request, gettext("Re-drive: %(summary)s.") % {"summary": summary}, level
+        )
 
 
 @admin.register(Shipment)

@@ -28,7 +28,12 @@ class Payment(ConcurrentTransitionMixin, models.Model):
         BALANCE = "balance", _("Wallet balance")
         PROVIDER = "provider", _("Payment provider")
 
-    order = models.ForeignKey(Order, on_delete=models.PROTECT, related_name="payments")
+    order = models.ForeignKey(
+        Order,
+        verbose_name=_("order"),
+        on_delete=models.PROTECT,
+        related_name="payments",
+    )
     method = models.CharField(_("method"), max_length=16, choices=Method.choices)
     amount = models.BigIntegerField(_("amount"))  # minor units
     currency = models.CharField(_("currency"), max_length=3)
@@ -42,6 +47,7 @@ class Payment(ConcurrentTransitionMixin, models.Model):
     # The ledger entry that moved the money, once it moved.
     journal_entry = models.OneToOneField(
         JournalEntry,
+        verbose_name=_("journal entry"),
         null=True,
         blank=True,
         on_delete=models.PROTECT,
@@ -106,13 +112,19 @@ class Refund(models.Model):
     one-to-one is the last guard), moved by a reversing ledger entry."""
 
     payment = models.OneToOneField(
-        Payment, on_delete=models.PROTECT, related_name="refund_record"
+        Payment,
+        verbose_name=_("payment"),
+        on_delete=models.PROTECT,
+        related_name="refund_record",
     )
     amount = models.BigIntegerField(_("amount"))  # minor units
     currency = models.CharField(_("currency"), max_length=3)
     reason = models.CharField(_("reason"), max_length=64, default="requested")
     journal_entry = models.OneToOneField(
-        JournalEntry, on_delete=models.PROTECT, related_name="refund"
+        JournalEntry,
+        verbose_name=_("journal entry"),
+        on_delete=models.PROTECT,
+        related_name="refund",
     )
     created_at = models.DateTimeField(_("created"), auto_now_add=True)
 
@@ -147,7 +159,10 @@ class ProviderEvent(models.Model):
 
     event_id = models.CharField(_("event id"), max_length=128, unique=True)
     payment = models.ForeignKey(
-        Payment, on_delete=models.PROTECT, related_name="provider_events"
+        Payment,
+        verbose_name=_("payment"),
+        on_delete=models.PROTECT,
+        related_name="provider_events",
     )
     kind = models.CharField(_("reported status"), max_length=16)
     payload = models.JSONField(_("payload"))
@@ -186,8 +201,12 @@ class CallbackNonce(models.Model):
     """A callback nonce seen: the unique index makes each single-use; beat purges
     them after they expire."""
 
-    nonce = models.CharField(max_length=128, unique=True)
-    expires_at = models.DateTimeField(db_index=True)
+    nonce = models.CharField(_("nonce"), max_length=128, unique=True)
+    expires_at = models.DateTimeField(_("expires"), db_index=True)
+
+    class Meta:
+        verbose_name = _("callback nonce")
+        verbose_name_plural = _("callback nonces")
 
     def __str__(self) -> str:
         return self.nonce
@@ -201,7 +220,10 @@ class Shipment(models.Model):
         DISPATCHED = "dispatched", _("Dispatched")
 
     order = models.OneToOneField(
-        Order, on_delete=models.PROTECT, related_name="shipment"
+        Order,
+        verbose_name=_("order"),
+        on_delete=models.PROTECT,
+        related_name="shipment",
     )
     status = models.CharField(
         _("status"), max_length=16, choices=Status.choices, default=Status.PENDING

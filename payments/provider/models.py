@@ -1,30 +1,37 @@
 """The simulator's own storage: charges and the callbacks it owes the merchant."""
 
 from django.db import models
+from django.utils.translation import gettext_lazy as _
 
 
 class Charge(models.Model):
     class Status(models.TextChoices):
-        PENDING = "PENDING", "Pending"
-        SUCCESS = "SUCCESS", "Success"
-        FAILED = "FAILED", "Failed"
+        PENDING = "PENDING", _("Pending")
+        SUCCESS = "SUCCESS", _("Success")
+        FAILED = "FAILED", _("Failed")
         # The merchant cancelled it: the payer can no longer confirm it.
-        CANCELLED = "CANCELLED", "Cancelled"
+        CANCELLED = "CANCELLED", _("Cancelled")
 
-    txn_id = models.CharField(max_length=64, unique=True)
+    txn_id = models.CharField(_("transaction"), max_length=64, unique=True)
     # The merchant's idempotency key: one charge per merchant order number.
-    merchant_order_no = models.CharField(max_length=64, unique=True)
-    amount = models.BigIntegerField()
-    currency = models.CharField(max_length=3)
-    description = models.CharField(max_length=255, blank=True)
+    merchant_order_no = models.CharField(
+        _("merchant order number"), max_length=64, unique=True
+    )
+    amount = models.BigIntegerField(_("amount"))
+    currency = models.CharField(_("currency"), max_length=3)
+    description = models.CharField(_("description"), max_length=255, blank=True)
     # Where the payer goes back to once done: the merchant's order page, given by
     # the merchant when it opens the charge (as real providers take a return URL).
-    return_url = models.URLField(max_length=500, blank=True)
+    return_url = models.URLField(_("return URL"), max_length=500, blank=True)
     status = models.CharField(
-        max_length=16, choices=Status.choices, default=Status.PENDING
+        _("status"), max_length=16, choices=Status.choices, default=Status.PENDING
     )
-    created_at = models.DateTimeField(auto_now_add=True)
-    settled_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(_("created"), auto_now_add=True)
+    settled_at = models.DateTimeField(_("settled"), null=True, blank=True)
+
+    class Meta:
+        verbose_name = _("charge")
+        verbose_name_plural = _("charges")
 
     def __str__(self) -> str:
         return f"{self.txn_id} ({self.status})"
@@ -34,13 +41,20 @@ class Notification(models.Model):
     """A callback the provider must deliver until the merchant answers 200."""
 
     charge = models.ForeignKey(
-        Charge, on_delete=models.CASCADE, related_name="notifications"
+        Charge,
+        verbose_name=_("charge"),
+        on_delete=models.CASCADE,
+        related_name="notifications",
     )
-    event_id = models.CharField(max_length=128, unique=True)
-    attempts = models.PositiveIntegerField(default=0)
-    last_status = models.IntegerField(null=True, blank=True)
-    created_at = models.DateTimeField(auto_now_add=True)
-    delivered_at = models.DateTimeField(null=True, blank=True)
+    event_id = models.CharField(_("event id"), max_length=128, unique=True)
+    attempts = models.PositiveIntegerField(_("delivery attempts"), default=0)
+    last_status = models.IntegerField(_("last answer"), null=True, blank=True)
+    created_at = models.DateTimeField(_("created"), auto_now_add=True)
+    delivered_at = models.DateTimeField(_("delivered"), null=True, blank=True)
+
+    class Meta:
+        verbose_name = _("notification")
+        verbose_name_plural = _("notifications")
 
     def __str__(self) -> str:
         return self.event_id

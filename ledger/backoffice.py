@@ -1,0 +1,193 @@
+"""The back office's building blocks, shared by every app's `admin.py`.
+
+- `money_column`: an admin column (or read-only field) that shows minor units as a
+  price with its currency (`format_money`).
+- `BackofficeMixin`, `ActionForm` and `action_page`: an admin action that asks for
+  input (an amount, a reason) first shows a form carrying a one-time token, issued
+  when the form is first shown, at a URL that names it. Applying it runs the
+  service through `once`, an `idempotent_call` keyed by that token: pressing the
+  button twice, going back and submitting again, or two browsers submitting the
+  same form at once take effect once, and every press after the first gets the
+  first one's outcome back.
+"""
+
+import re
+import uuid
+from collections.abc import Callable, Iterable
+from typing import Any, TypeVar
+from urllib.parse import urlencode
+
+from django import forms
+from django.contrib import admin
+from django.core.exceptions import PermissionDenied
+from django.db.models import Model, QuerySet
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.template.response import TemplateResponse
+from django.urls import path, reverse
+from django.utils.html import format_html
+from django.utils.translation import gettext_lazy as _
+
+from idempotency.calls import idempotent_call
+
+from .money import format_money
+
+T = TypeVar("T")
+
+TOKEN = re.compile(r"^[0-9a-f]{32}$")
+
+
+def money_column(
+    field: str,
+    description: Any,
+    *,
+    currency: Callable[[Any], str] = lambda obj: obj.currency,
+) -> Callable[[Any, Any], str]:
+    """An admin display of the amount `field` as a price, sortable by the amount."""
+
+    @admin.display(description=description, ordering=field)
+    def show(self: Any, obj: Any) -> str:
+        # One line: a price never wraps after its sign or symbol on a phone.
+        return format_html(
+            '<span class="money" style="white-space: nowrap">{}</span>',
+            format_money(getattr(obj, field), currency(obj)),
+        )
+
+    show.__name__ = f"{field}_money"
+    return show
+
+
+def one_time_token() -> str:
+    return uuid.uuid4().hex
+
+
+class ActionForm(forms.Form):
+    """The form of an admin action that takes input. `token` is issued when the form
+    is first shown and names this one intended operation."""
+
+    token = forms.CharField(widget=forms.HiddenInput, max_length=32)
+
+    def clean_token(self) -> str:
+        token = self.cleaned_data["token"]
+        if not TOKEN.match(token):
+            raise forms.ValidationError(_("This form is damaged; open it again."))
+        return token
+
+
+def once(
+    request: HttpRequest,
+    *,
+    action: str,
+    token: str,
+    target: int,
+    data: Any,
+    fn: Callable[[], T],
+) -> tuple[T, bool]:
+    """Run `fn` once for this staff member, action, token and target object, and
+    return (its JSON result, whether this press ran it). A later press with the same
+    token gets the first press's result back (False); two at once, one waits for
+    the other. The same token with other `data` (the form was changed after it was
+    submitted) raises `IdempotencyKeyReused`."""
+    ran = False
+
+    def run() -> T:
+        nonlocal ran
+        ran = True
+        return fn()
+
+    result = idempotent_call(
+        f"admin:{request.user.pk}", f"{action}:{token}:{target}", run, request=data
+    )
+    return result, ran
+
+
+class HttpResponseSeeOther(HttpResponseRedirect):
+    status_code = 303
+
+
+class BackofficeMixin:
+    """Actions that ask for input before they act, with Post-Redirect-Get.
+
+    The changelist's action (`start_page`) issues a one-time token and redirects to
+    the action's own page, whose URL names the selected objects and the token
+    (`<changelist>/backoffice/<action>/?ids=1,2&token=...`). Reloading that page,
+    or coming back to it with the browser's back button, shows the same form with
+    the same token, so submitting it again acts once, as the shop's order form does.
+    The page's POST calls `<action>_page(request, queryset)`, which answers with the
+    form again (invalid input: 400) or `done()`, a 303 back to the changelist.
+    """
+
+    MAX_OBJECTS = 100
+
+    def get_urls(self) -> list:
+        opts = self.model._meta  # type: ignore[attr-defined]
+        view = self.admin_site.admin_view(self.backoffice_view)  # type: ignore[attr-defined]
+        name = f"{opts.app_label}_{opts.model_name}_backoffice"
+        return [
+            path("backoffice/<slug:action>/", view, name=name),
+            *super().get_urls(),  # type: ignore[misc]
+        ]
+
+    def start_page(
+        self, request: HttpRequest, queryset: QuerySet, action: str
+    ) -> HttpResponse:
+        opts = self.model._meta  # type: ignore[attr-defined]
+        ids = ",".join(
+            str(pk)
+            for pk in queryset.order_by("pk").values_list("pk", flat=True)[
+                : self.MAX_OBJECTS
+            ]
+        )
+        url = reverse(
+            f"admin:{opts.app_label}_{opts.model_name}_backoffice", args=[action]
+        )
+        query = urlencode({"ids": ids, "token": one_time_token()})
+        return HttpResponseSeeOther(f"{url}?{query}")
+
+    def done(self) -> HttpResponse:
+        opts = self.model._meta  # type: ignore[attr-defined]
+        return HttpResponseSeeOther(
+            reverse(f"admin:{opts.app_label}_{opts.model_name}_changelist")
+        )
+
+    def backoffice_view(self, request: HttpRequest, action: str) -> HttpResponse:
+        if action not in self.get_actions(request):  # type: ignore[attr-defined]
+            raise PermissionDenied
+        if request.method not in ("GET", "POST"):
+            return HttpResponse(status=405, headers={"Allow": "GET, POST"})
+        raw = request.GET.get("ids", "").split(",")
+        ids = [int(pk) for pk in raw if pk.isascii() and pk.isdigit() and len(pk) < 19]
+        queryset = self.get_queryset(request).filter(pk__in=ids[: self.MAX_OBJECTS])  # type: ignore[attr-defined]
+        if not queryset.exists():
+            return self.done()
+        return getattr(self, f"{action}_page")(request, queryset)
+
+
+def action_page(
+    modeladmin: admin.ModelAdmin,
+    request: HttpRequest,
+    *,
+    title: Any,
+    form: forms.Form,
+    button: Any,
+    rows: Iterable[tuple[Model, str]],
+    status: int = 200,
+) -> HttpResponse:
+    """The page of an action: the selected objects, the form with its one-time
+    token, and the button that submits it."""
+    opts = modeladmin.model._meta
+    context = {
+        **modeladmin.admin_site.each_context(request),
+        "title": title,
+        "opts": opts,
+        "app_label": opts.app_label,
+        "form": form,
+        "button": button,
+        "rows": list(rows),
+        "media": modeladmin.media + form.media,
+    }
+    response = TemplateResponse(
+        request, "admin/backoffice/action_form.html", context, status=status
+    )
+    # Not `no-store`: the back button may then show the page (and its token) again.
+    response["Cache-Control"] = "private"
+    return response

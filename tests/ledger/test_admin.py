@@ -1,0 +1,240 @@
+"""The back office's ledger actions: credit a customer, freeze and unfreeze an
+account. Each is the service the rest of the project uses, and each takes effect
+once however often its button is pressed, and from two browsers at once."""
+
+import pytest
+from django.db import connection
+
+from ledger.models import Account, JournalEntry
+from ledger.services import account_close, account_freeze, merchant_account
+from tests.backoffice import apply_action, messages_of, open_action, staff, token_of
+from tests.conftest import run_in_threads
+from tests.helpers import balance, customer
+
+pytestmark = pytest.mark.django_db
+
+ACCOUNTS = "/admin/ledger/account/"
+
+
+def credits(account: Account) -> int:
+    return JournalEntry.objects.filter(
+        kind=JournalEntry.Kind.DEPOSIT, reference__startswith="admin-credit:"
+    ).count()
+
+
+def credit(client, wallet, token, amount="12.50", **extra):
+    return apply_action(
+        client, ACCOUNTS, "credit", [wallet.pk], token=token, amount=amount, **extra
+    )
+
+
+def test_money_is_shown_with_its_currency(admin_client):
+    _, _, wallet = customer("alice", balance=94003)
+    page = admin_client.get(ACCOUNTS).content.decode()
+    assert "¥940.03" in page
+    assert "94003" not in page
+    entry = JournalEntry.objects.get()
+    for url in (
+        f"{ACCOUNTS}{wallet.pk}/change/",
+        "/admin/ledger/journalentry/",
+        f"/admin/ledger/journalentry/{entry.pk}/change/",
+        "/admin/ledger/posting/",
+        f"/admin/ledger/posting/{entry.postings.first().pk}/change/",
+    ):
+        content = admin_client.get(url).content.decode()
+        assert "¥940.03" in content, url
+
+
+def test_credit_deposits_once(admin_client):
+    _, _, wallet = customer("alice", balance=1000)
+    page = open_action(admin_client, ACCOUNTS, "credit", [wallet.pk])
+    assert page.status_code == 200
+    token = token_of(page)
+    response = credit(admin_client, wallet, token, description="Goodwill")
+    assert response.status_code == 200
+    assert balance(wallet) == 1000 + 1250
+    entry = JournalEntry.objects.get(reference__startswith="admin-credit:")
+    assert entry.kind == JournalEntry.Kind.DEPOSIT
+    assert entry.description == "Goodwill"
+    assert any("Credited ¥12.50" in m for m in messages_of(response))
+
+
+def test_credit_pressed_twice_or_resubmitted_credits_once(admin_client):
+    _, _, wallet = customer("alice")
+    page = open_action(admin_client, ACCOUNTS, "credit", [wallet.pk])
+    token = token_of(page)
+    # The page names its token: the back button, or a reload, shows the same form.
+    url = page.redirect_chain[-1][0]
+    assert f"token={token}" in url
+    assert token_of(admin_client.get(url)) == token
+    credit(admin_client, wallet, token)
+    again = credit(admin_client, wallet, token)  # double click, back and resubmit
+    assert balance(wallet) == 1250
+    assert credits(wallet) == 1
+    assert any("done once" in m for m in messages_of(again)), messages_of(again)
+    # Back, change the amount, submit the same form again: refused, nothing moves.
+    changed = credit(admin_client, wallet, token, amount="99")
+    assert balance(wallet) == 1250
+    assert any("already submitted" in m for m in messages_of(changed))
+    # A new form is a new intention.
+    credit(
+        admin_client,
+        wallet,
+        token_of(open_action(admin_client, ACCOUNTS, "credit", [wallet.pk])),
+    )
+    assert balance(wallet) == 2500
+
+
+@pytest.mark.django_db(transaction=True)
+def test_credit_from_two_browsers_at_once_credits_once(admin_user, on_postgres):
+    _, _, wallet = customer("alice")
+    token = token_of(open_action(staff(admin_user), ACCOUNTS, "credit", [wallet.pk]))
+    results = run_in_threads(
+        2, lambda i: credit(staff(admin_user), wallet, token).status_code
+    )
+    assert results == [200, 200]
+    assert balance(wallet) == 1250
+    assert credits(wallet) == 1
+    connection.close()
+
+
+@pytest.mark.parametrize(
+    "amount", ["-5", "0", "0.001", "1e20", "99999999999999999", "abc", "", "NaN"]
+)
+def test_credit_refuses_bad_amounts_with_a_message(admin_client, amount):
+    _, _, wallet = customer("alice")
+    token = token_of(open_action(admin_client, ACCOUNTS, "credit", [wallet.pk]))
+    response = credit(admin_client, wallet, token, amount=amount)
+    assert response.status_code == 400
+    assert response.context["form"].errors["amount"]
+    assert 'class="errorlist' in response.content.decode()
+    assert balance(wallet) == 0
+    assert credits(wallet) == 0
+
+
+def test_credit_refuses_a_damaged_token(admin_client):
+    _, _, wallet = customer("alice")
+    response = credit(admin_client, wallet, "../../etc/passwd")
+    assert response.status_code == 400
+    assert balance(wallet) == 0
+
+
+def test_credit_refuses_what_is_not_a_customer_wallet(admin_client):
+    _, _, wallet = customer("alice")
+    merchant = merchant_account(currency="CNY")
+    account_close(account_id=wallet.pk)
+    token = token_of(open_action(admin_client, ACCOUNTS, "credit", [merchant.pk]))
+    response = apply_action(
+        admin_client,
+        ACCOUNTS,
+        "credit",
+        [merchant.pk, wallet.pk],
+        token=token,
+        amount="5",
+    )
+    assert response.status_code == 200
+    shown = messages_of(response)
+    assert any("Only a customer's wallet" in m for m in shown), shown
+    assert any("not active" in m for m in shown), shown
+    assert credits(wallet) == 0
+
+
+def test_credit_page_in_chinese(admin_client):
+    _, _, wallet = customer("alice")
+    page = admin_client.post(
+        ACCOUNTS,
+        {"action": "credit", "_selected_action": [wallet.pk]},
+        HTTP_ACCEPT_LANGUAGE="zh-hans",
+        follow=True,
+    )
+    content = page.content.decode()
+    assert "给客户入账" in content
+    assert "金额" in content
+
+
+def freeze(client, account, version, action="freeze"):
+    return apply_action(
+        client, ACCOUNTS, action, [account.pk], **{f"version_{account.pk}": version}
+    )
+
+
+def test_freeze_and_unfreeze_take_the_version_shown(admin_client):
+    _, _, wallet = customer("alice", balance=100)
+    wallet.refresh_from_db()
+    page = open_action(admin_client, ACCOUNTS, "freeze", [wallet.pk])
+    assert page.status_code == 200
+    assert (
+        f'name="version_{wallet.pk}" value="{wallet.version}"' in page.content.decode()
+    )
+    response = freeze(admin_client, wallet, wallet.version)
+    wallet.refresh_from_db()
+    assert wallet.status == Account.Status.FROZEN
+    assert any("now Frozen" in m for m in messages_of(response))
+    response = freeze(admin_client, wallet, wallet.version, action="unfreeze")
+    wallet.refresh_from_db()
+    assert wallet.status == Account.Status.ACTIVE
+    assert any("now Active" in m for m in messages_of(response))
+
+
+def test_unfreeze_pressed_twice_unfreezes_once(admin_client):
+    _, _, wallet = customer("alice")
+    account_freeze(account_id=wallet.pk)
+    wallet.refresh_from_db()
+    seen = wallet.version
+    freeze(admin_client, wallet, seen, action="unfreeze")
+    again = freeze(admin_client, wallet, seen, action="unfreeze")
+    wallet.refresh_from_db()
+    assert (wallet.status, wallet.version) == (Account.Status.ACTIVE, seen + 1)
+    assert any("changed since you looked" in m for m in messages_of(again))
+
+
+def test_freeze_pressed_twice_freezes_once(admin_client):
+    _, _, wallet = customer("alice")
+    wallet.refresh_from_db()
+    seen = wallet.version
+    freeze(admin_client, wallet, seen)
+    again = freeze(admin_client, wallet, seen)
+    wallet.refresh_from_db()
+    assert (wallet.status, wallet.version) == (Account.Status.FROZEN, seen + 1)
+    assert any("changed since you looked" in m for m in messages_of(again))
+    # Freezing a frozen account, even at its current version, changes nothing.
+    third = freeze(admin_client, wallet, wallet.version)
+    wallet.refresh_from_db()
+    assert wallet.version == seen + 1
+    assert any("not changed" in m for m in messages_of(third))
+
+
+@pytest.mark.django_db(transaction=True)
+def test_freeze_from_two_browsers_at_once_freezes_once(admin_user, on_postgres):
+    _, _, wallet = customer("alice")
+    wallet.refresh_from_db()
+    seen = wallet.version
+    results = run_in_threads(
+        2, lambda i: messages_of(freeze(staff(admin_user), wallet, seen))
+    )
+    wallet.refresh_from_db()
+    assert (wallet.status, wallet.version) == (Account.Status.FROZEN, seen + 1)
+    shown = [m for messages in results for m in messages]
+    assert sum("now Frozen" in m for m in shown) == 1, shown
+    assert sum("changed since you looked" in m for m in shown) == 1, shown
+    connection.close()
+
+
+def test_freeze_with_a_damaged_version_shows_the_page_again(admin_client):
+    _, _, wallet = customer("alice")
+    response = freeze(admin_client, wallet, "not-a-number")
+    assert response.status_code == 400
+    wallet.refresh_from_db()
+    assert wallet.status == Account.Status.ACTIVE
+
+
+def test_action_pages_need_staff_and_the_action(client, admin_client):
+    _, _, wallet = customer("alice")
+    url = f"{ACCOUNTS}backoffice/credit/?ids={wallet.pk}&token={'a' * 32}"
+    assert client.get(url).status_code == 302  # to the admin's login
+    assert admin_client.get(f"{ACCOUNTS}backoffice/nothing/?ids=1").status_code == 403
+    # Ids that name nothing (or are not ids) lead back to the list.
+    for ids in ("", "abc", "99999999", "1" * 40, "\u0661"):
+        response = admin_client.get(f"{ACCOUNTS}backoffice/credit/?ids={ids}")
+        assert response.status_code == 303, ids
+    assert admin_client.put(url).status_code == 405
