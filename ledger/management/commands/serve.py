@@ -17,7 +17,12 @@ from kombu import Connection
 from kombu.transport import TRANSPORT_ALIASES
 
 from ledger.demo import demo_seed
-from ledger.supervisor import Supervisor, read_procfile, terminal_foreground
+from ledger.supervisor import (
+    Supervisor,
+    read_procfile,
+    stop_with_parent,
+    terminal_foreground,
+)
 
 DEVELOPMENT_SECRET = "dev-provider-secret"  # noqa: S105 - the embedded default
 
@@ -32,6 +37,7 @@ class Command(BaseCommand):
         parser.add_argument("--procfile", default=str(settings.BASE_DIR / "Procfile"))
 
     def handle(self, *args: Any, procfile: str, **options: Any) -> None:
+        stop_with_parent()
         port = int(os.environ.get("PORT") or 8000)
         check_port_free(port)
         check_folder(settings.DATA_DIR, "LEDGER_DATA_DIR")
@@ -51,6 +57,7 @@ class Command(BaseCommand):
             def on_line(name: str, line: str) -> None:
                 if ready.note(name, line):
                     self.stdout.write(banner(port, demo))
+                    self.stdout.flush()  # a pipe or a file holds it back otherwise
 
             status = supervisor.run(on_line)
         if status:
