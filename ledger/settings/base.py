@@ -197,7 +197,9 @@ PAYMENT_PROVIDER_SECRET = env("PAYMENT_PROVIDER_SECRET", "dev-provider-secret")
 # Celery: money work wants late acknowledgement (a task whose worker died is delivered
 # again), one message prefetched at a time and hard time limits.
 CELERY_BROKER_URL = env("CELERY_BROKER_URL", "filesystem://")
-if CELERY_BROKER_URL == "filesystem://":
+# kombu's filesystem transport takes its folders from these options only, whatever
+# else the URL says.
+if CELERY_BROKER_URL.partition("://")[0] == "filesystem":
     _broker_dir = DATA_DIR / "broker"
     CELERY_BROKER_TRANSPORT_OPTIONS: dict = {
         "data_folder_in": str(_broker_dir / "queue"),

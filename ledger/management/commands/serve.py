@@ -38,7 +38,7 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, procfile: str, **options: Any) -> None:
         stop_with_parent()
-        port = int(os.environ.get("PORT") or 8000)
+        port = port_number(os.environ.get("PORT") or "8000")
         check_port_free(port)
         check_folder(settings.DATA_DIR, "LEDGER_DATA_DIR")
         check_broker(settings.CELERY_BROKER_URL)
@@ -62,6 +62,12 @@ class Command(BaseCommand):
             status = supervisor.run(on_line)
         if status:
             raise CommandError("a process of the stack stopped; see the lines above")
+
+
+def port_number(value: str) -> int:
+    if not (value.isdigit() and 0 < int(value) < 65536):
+        raise CommandError(f"PORT={value!r} is not a port number: use 1 to 65535")
+    return int(value)
 
 
 def check_port_free(port: int) -> None:
