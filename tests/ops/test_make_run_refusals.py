@@ -86,3 +86,18 @@ def test_a_broker_that_cannot_work(tmp_path: Path, url: str, words: str) -> None
     code, output = make_run(tmp_path, free_port(), CELERY_BROKER_URL=url)
     assert code != 0
     refused(output, words)
+
+
+@pytest.mark.parametrize(
+    ("url", "words"),
+    [
+        ("mysqlx://127.0.0.1/ledger", "DATABASE_URL has an unknown scheme 'mysqlx'"),
+        ("postgres://postgres@127.0.0.1:port/ledger", "DATABASE_URL cannot be read"),
+    ],
+)
+def test_a_database_url_that_cannot_work(tmp_path: Path, url: str, words: str) -> None:
+    code, output = make_run(tmp_path, free_port(), DATABASE_URL=url)
+    assert code != 0
+    lines = [line for line in output.splitlines() if "DATABASE_URL" in line]
+    assert len(lines) == 1 and words in lines[0], output[-3000:]
+    assert "Traceback" not in output, output[-3000:]
