@@ -59,7 +59,7 @@ def test_a_port_that_is_no_port(tmp_path: Path, port: str) -> None:
 # kombu's filesystem transport ignores the rest of the URL: any filesystem:// URL is
 # the embedded broker, in LEDGER_DATA_DIR's broker folder.
 @pytest.mark.parametrize("broker", [None, "filesystem://", "filesystem:///var/queue"])
-def test_a_broker_folder_that_cannot_be_made(tmp_path: Path, broker: str | None) -> None:
+def test_a_broker_folder_that_cannot_be_made(tmp_path: Path, broker: str | None):
     (tmp_path / "data").mkdir()
     (tmp_path / "data" / "broker").write_text("a file where a folder belongs")
     env = {"CELERY_BROKER_URL": broker} if broker else {}

@@ -60,7 +60,7 @@ def test_every_other_write_refuses_a_request_without_a_key():
 
 @pytest.mark.django_db
 def test_the_order_example_shows_a_real_number_and_location():
-    user, client, _wallet = customer("reader")
+    _user, client, _wallet = customer("reader")
     number = client.post("/api/v1/preorders").json()["merchant_order_no"]
     shown = re.findall(r"e\.g\. (\d+)", README) + re.findall(
         r"Location: \S+/api/v1/orders/(\d+)", README

@@ -66,7 +66,8 @@ def alive(pids: set[int]) -> set[int]:
     running = set()
     for pid in pids:
         with contextlib.suppress(OSError):
-            if (Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]) != "Z":
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+            if state != "Z":
                 running.add(pid)
     return running
 
@@ -92,7 +93,8 @@ def serving(tmp_path: Path, parent_shell: bool = False) -> Iterator[tuple]:
         "PORT": str(free_port()),
         "LEDGER_DATA_DIR": str(tmp_path / "data"),
     }
-    command = [sys.executable, "manage.py", "serve", "--procfile", str(procfile(tmp_path))]
+    command = [sys.executable, "manage.py", "serve"]
+    command += ["--procfile", str(procfile(tmp_path))]
     if parent_shell:
         command = ["/bin/sh", "-c", '"$@"; echo "the shell goes on"', "sh", *command]
     with log.open("w") as out:
