@@ -122,6 +122,9 @@ def test_the_banner_ends_the_start_up_output_even_when_nothing_follows_it(tmp_pa
         wait_for("Ctrl-C stops everything.", log, process, seconds=120)
         text = log.read_text()
         assert re.search(r"API token\s+[0-9a-f]{40}", text), text[-2000:]
+        # Only the processes' prefixed lines and the block: no log line of serve's own
+        # (its /healthz probe) in between.
+        assert '"logger": "httpx"' not in text, text[-2000:]
         stack = descendants(process.pid)
         process.send_signal(signal.SIGTERM)
         assert process.wait(timeout=60) == 0, log.read_text()[-3000:]

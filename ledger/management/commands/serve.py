@@ -1,5 +1,6 @@
 """`make run`: check the settings, migrate, seed the demo, run the whole stack."""
 
+import logging
 import os
 import socket
 import sys
@@ -160,6 +161,8 @@ class Readiness:
         return True
 
     def _answers(self) -> bool:
+        # httpx logs each request at INFO: not a line for the start-up output.
+        logging.getLogger("httpx").setLevel(logging.WARNING)
         for _ in range(50):
             try:
                 return httpx.get(f"{self.url}/healthz", timeout=1).status_code == 200
