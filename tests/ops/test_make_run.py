@@ -329,6 +329,7 @@ def test_the_stack_stays_up_and_ctrl_c_stops_it_cleanly(stack) -> None:
     ]
     assert not errors, "\n".join(errors)
     assert "Warm shutdown" in output
+    assert "still running: SIGKILL" not in output  # every process stopped warmly
     # Everything it wrote is in ignored folders (.venv/, .var/): the clone is clean.
     status = subprocess.run(
         ["git", "status", "--porcelain"], cwd=run.clone, capture_output=True, text=True
