@@ -24,9 +24,10 @@ migrate: install
 	$(BIN)/python manage.py migrate --noinput
 
 # Checks the settings, migrates, seeds the demo data, then runs the Procfile's
-# processes (ledger/supervisor.py) until Ctrl-C.
+# processes (ledger/supervisor.py) until Ctrl-C. `exec`: a SIGTERM that make passes
+# on reaches serve itself, which stops the stack warmly.
 run: install
-	PORT=$(PORT) $(BIN)/python manage.py serve
+	PORT=$(PORT) exec $(BIN)/python manage.py serve
 
 worker: install
 	$(BIN)/celery -A ledger worker --loglevel INFO

@@ -5,7 +5,8 @@ supervisor, which then stops them in order: SIGTERM (gunicorn's graceful stop,
 Celery's warm shutdown that returns unacknowledged messages to the broker), a wait,
 and SIGKILL only for whatever is still running after `stop_timeout`. A second Ctrl-C
 kills at once. When the supervisor itself dies, the kernel sends each child SIGTERM
-(Linux's parent-death signal), so nothing outlives it.
+(Linux's parent-death signal), so nothing outlives it; and when its own parent (make)
+dies, the supervisor gets SIGTERM the same way and stops the stack.
 
 On a terminal the supervisor also takes the foreground for itself: Ctrl-C then stops
 the stack without also interrupting `make`, which ends with the supervisor's exit
@@ -34,6 +35,20 @@ _libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
 def _die_with_parent() -> None:  # runs in the child between fork and exec
     with contextlib.suppress(AttributeError):
         _libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def stop_with_parent() -> None:
+    """Have the kernel send this process SIGTERM when its parent dies.
+
+    Under `make run` the parent is make: killed outright, or stopped by a SIGTERM
+    that reaches make alone (`timeout`, a service manager, `kill <pid>`), it can no
+    longer stop the stack, so the stack stops itself as on Ctrl-C instead of running
+    on without anyone to stop it."""
+    parent = os.getppid()
+    with contextlib.suppress(AttributeError):
+        _libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    if os.getppid() != parent:  # it died before we asked
+        os.kill(os.getpid(), signal.SIGTERM)
 
 
 def read_procfile(path: Path) -> dict[str, str]:

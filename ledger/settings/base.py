@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import dj_database_url
+from django.core.exceptions import ImproperlyConfigured
 
 BASE_DIR = Path(__file__).resolve().parent.parent.parent
 
@@ -110,7 +111,18 @@ def database_from_url(url: str) -> dict[str, Any]:
     lock when a transaction starts, so a second writer waits (up to `timeout`) instead
     of failing half-way with "database is locked".
     """
-    config: dict[str, Any] = dict(dj_database_url.parse(url))
+    try:
+        config: dict[str, Any] = dict(dj_database_url.parse(url))
+    except ValueError as exc:  # an unknown scheme, a port that is no number
+        problem = (
+            f"has an unknown scheme {url.partition('://')[0]!r}"
+            if isinstance(exc, dj_database_url.UnknownSchemeError)
+            else f"cannot be read ({exc})"
+        )
+        raise ImproperlyConfigured(
+            f"DATABASE_URL {problem}: use postgres://USER@HOST:5432/NAME, "
+            "or leave it unset for the SQLite file"
+        ) from exc
     if config["ENGINE"] == "django.db.backends.sqlite3":
         config["OPTIONS"] = {
             "transaction_mode": "IMMEDIATE",
@@ -126,7 +138,8 @@ def database_from_url(url: str) -> dict[str, Any]:
     return config
 
 
-DATABASE_URL = env("DATABASE_URL", f"sqlite:///{DATA_DIR / 'ledger.sqlite3'}")
+# Set but empty (`DATABASE_URL=` in a .env) is unset, as for the broker below.
+DATABASE_URL = env("DATABASE_URL") or f"sqlite:///{DATA_DIR / 'ledger.sqlite3'}"
 DATABASES = {"default": database_from_url(DATABASE_URL)}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
@@ -198,8 +211,10 @@ PAYMENT_PROVIDER_SECRET = env("PAYMENT_PROVIDER_SECRET", "dev-provider-secret")
 
 # Celery: money work wants late acknowledgement (a task whose worker died is delivered
 # again), one message prefetched at a time and hard time limits.
-CELERY_BROKER_URL = env("CELERY_BROKER_URL", "filesystem://")
-if CELERY_BROKER_URL == "filesystem://":
+CELERY_BROKER_URL = env("CELERY_BROKER_URL") or "filesystem://"
+# kombu's filesystem transport takes its folders from these options only, whatever
+# else the URL says.
+if CELERY_BROKER_URL.partition("://")[0] == "filesystem":
     _broker_dir = DATA_DIR / "broker"
     CELERY_BROKER_TRANSPORT_OPTIONS: dict = {
         "data_folder_in": str(_broker_dir / "queue"),

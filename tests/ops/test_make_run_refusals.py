@@ -13,7 +13,7 @@ from tests.servers import ROOT, free_port
 pytestmark = pytest.mark.slow
 
 
-def make_run(tmp_path: Path, port: int, **env: str) -> tuple[int, str]:
+def make_run(tmp_path: Path, port: int | str, **env: str) -> tuple[int, str]:
     environment = {
         "PATH": clean_path(),
         "HOME": os.environ.get("HOME", "/root"),
@@ -49,10 +49,21 @@ def test_a_port_in_use(tmp_path: Path) -> None:
     refused(output, f"port {port} is in use")
 
 
-def test_a_broker_folder_that_cannot_be_made(tmp_path: Path) -> None:
+@pytest.mark.parametrize("port", ["http", "99999", "0"])
+def test_a_port_that_is_no_port(tmp_path: Path, port: str) -> None:
+    code, output = make_run(tmp_path, port)
+    assert code != 0
+    refused(output, f"PORT='{port}' is not a port number")
+
+
+# kombu's filesystem transport ignores the rest of the URL: any filesystem:// URL is
+# the embedded broker, in LEDGER_DATA_DIR's broker folder.
+@pytest.mark.parametrize("broker", [None, "filesystem://", "filesystem:///var/queue"])
+def test_a_broker_folder_that_cannot_be_made(tmp_path: Path, broker: str | None):
     (tmp_path / "data").mkdir()
     (tmp_path / "data" / "broker").write_text("a file where a folder belongs")
-    code, output = make_run(tmp_path, free_port())
+    env = {"CELERY_BROKER_URL": broker} if broker else {}
+    code, output = make_run(tmp_path, free_port(), **env)
     assert code != 0
     refused(output, "broker")
 
@@ -75,3 +86,18 @@ def test_a_broker_that_cannot_work(tmp_path: Path, url: str, words: str) -> None
     code, output = make_run(tmp_path, free_port(), CELERY_BROKER_URL=url)
     assert code != 0
     refused(output, words)
+
+
+@pytest.mark.parametrize(
+    ("url", "words"),
+    [
+        ("mysqlx://127.0.0.1/ledger", "DATABASE_URL has an unknown scheme 'mysqlx'"),
+        ("postgres://postgres@127.0.0.1:port/ledger", "DATABASE_URL cannot be read"),
+    ],
+)
+def test_a_database_url_that_cannot_work(tmp_path: Path, url: str, words: str) -> None:
+    code, output = make_run(tmp_path, free_port(), DATABASE_URL=url)
+    assert code != 0
+    lines = [line for line in output.splitlines() if "DATABASE_URL" in line]
+    assert len(lines) == 1 and words in lines[0], output[-3000:]
+    assert "Traceback" not in output, output[-3000:]

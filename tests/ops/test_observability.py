@@ -235,3 +235,23 @@ def test_celery_task_outcomes_are_counted_and_logged():
     assert succeeded[0]["task_id"]
     assert succeeded[0]["duration_ms"] is not None
     assert {line["outcome"] for line in lines} >= {"succeeded", "failed", "retried"}
+
+
+@pytest.mark.django_db
+def test_metrics_token_set_requires_the_bearer_token(client, settings):
+    assert client.get("/metrics").status_code == 200  # unset: open
+    settings.METRICS_TOKEN = "scrape-me"
+    for headers in (
+        {},
+        {"Authorization": "Bearer wrong"},
+        {"Authorization": "Token scrape-me"},
+        {"Authorization": "scrape-me"},
+    ):
+        answer = client.get("/metrics", headers=headers)
+        assert answer.status_code == 401, headers
+        assert answer["Content-Type"] == "application/problem+json"
+        assert answer.json()["code"] == "metrics_token_required"
+        assert answer["WWW-Authenticate"] == 'Bearer realm="metrics"'
+    answer = client.get("/metrics", headers={"Authorization": "Bearer scrape-me"})
+    assert answer.status_code == 200
+    assert b"idempotency_requests_total" in answer.content

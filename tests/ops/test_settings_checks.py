@@ -61,3 +61,24 @@ def test_manage_py_stops_on_a_purge_grace_from_the_environment():
     assert result.returncode == 1, result.stdout
     assert "orders.E001" in result.stderr
     assert "PREORDER_PURGE_AFTER_SECONDS = 60" in result.stderr
+
+
+def test_a_service_variable_set_but_empty_is_unset():
+    """`DATABASE_URL=` or `CELERY_BROKER_URL=` (an empty line in a .env) means the
+    embedded default, not a URL with no scheme."""
+    env = {**os.environ, "DATABASE_URL": "", "CELERY_BROKER_URL": ""}
+    env.pop("DJANGO_SETTINGS_MODULE", None)
+    program = (
+        "from django.conf import settings; "
+        "print(settings.DATABASES['default']['ENGINE'], settings.CELERY_BROKER_URL)"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", f"import django; django.setup(); {program}"],
+        cwd=ROOT,
+        env={**env, "DJANGO_SETTINGS_MODULE": "ledger.settings"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["django.db.backends.sqlite3", "filesystem://"]

@@ -1,5 +1,6 @@
 """`make run`: check the settings, migrate, seed the demo, run the whole stack."""
 
+import logging
 import os
 import socket
 import sys
@@ -17,7 +18,12 @@ from kombu import Connection
 from kombu.transport import TRANSPORT_ALIASES
 
 from ledger.demo import demo_seed
-from ledger.supervisor import Supervisor, read_procfile, terminal_foreground
+from ledger.supervisor import (
+    Supervisor,
+    read_procfile,
+    stop_with_parent,
+    terminal_foreground,
+)
 
 DEVELOPMENT_SECRET = "dev-provider-secret"  # noqa: S105 - the embedded default
 
@@ -32,7 +38,8 @@ class Command(BaseCommand):
         parser.add_argument("--procfile", default=str(settings.BASE_DIR / "Procfile"))
 
     def handle(self, *args: Any, procfile: str, **options: Any) -> None:
-        port = int(os.environ.get("PORT") or 8000)
+        stop_with_parent()
+        port = port_number(os.environ.get("PORT") or "8000")
         check_port_free(port)
         check_folder(settings.DATA_DIR, "LEDGER_DATA_DIR")
         check_broker(settings.CELERY_BROKER_URL)
@@ -51,10 +58,17 @@ class Command(BaseCommand):
             def on_line(name: str, line: str) -> None:
                 if ready.note(name, line):
                     self.stdout.write(banner(port, demo))
+                    self.stdout.flush()  # a pipe or a file holds it back otherwise
 
             status = supervisor.run(on_line)
         if status:
             raise CommandError("a process of the stack stopped; see the lines above")
+
+
+def port_number(value: str) -> int:
+    if not (value.isdigit() and 0 < int(value) < 65536):
+        raise CommandError(f"PORT={value!r} is not a port number: use 1 to 65535")
+    return int(value)
 
 
 def check_port_free(port: int) -> None:
@@ -147,6 +161,8 @@ class Readiness:
         return True
 
     def _answers(self) -> bool:
+        # httpx logs each request at INFO: not a line for the start-up output.
+        logging.getLogger("httpx").setLevel(logging.WARNING)
         for _ in range(50):
             try:
                 return httpx.get(f"{self.url}/healthz", timeout=1).status_code == 200
