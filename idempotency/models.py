@@ -79,3 +79,22 @@ class IdempotencyRecord(models.Model):
         the only memory of effects that committed, and forgetting it would let a retry
         run them again. Stuck ones are `record_release_stuck`'s to deal with."""
         return self.finished and self.expires_at <= now
+
+
+class Lease(models.Model):
+    """A named lease held by one process until `expires_at`, by the database's clock.
+
+    Worker ids of the Snowflake generator (`snowflake:<id>`, one row per id) and the
+    beat leader (`beat`) are leases. Only `idempotency.leases` writes these rows, in
+    single statements whose times all come from the database's clock, so a host whose
+    clock runs fast or slow can neither steal a live lease nor keep a dead one.
+    """
+
+    name = models.CharField(max_length=100, primary_key=True)
+    # host:pid:random token; the token tells apart two holders with the same pid.
+    holder = models.CharField(max_length=200)
+    acquired_at = models.DateTimeField()
+    expires_at = models.DateTimeField()
+
+    def __str__(self) -> str:
+        return f"{self.name} held by {self.holder} until {self.expires_at}"

@@ -257,10 +257,10 @@ LOGGING: dict[str, Any] = {
     "loggers": {"django.db.backends": {"level": "INFO"}},
 }
 
-# Orders: this host's Snowflake node id (0..15, distinct per machine; each process on
-# it claims one of 64 worker slots by itself) and how long a pre-order's number stays
-# usable.
-SNOWFLAKE_NODE_ID = env_int("SNOWFLAKE_NODE_ID", 0)
+# Orders: how long each process's lease on its Snowflake worker id lasts (leased from
+# the database, renewed every third of it; a process that cannot renew in time stops
+# issuing numbers) and how long a pre-order's number stays usable.
+SNOWFLAKE_LEASE_SECONDS = env_int("SNOWFLAKE_LEASE_SECONDS", 30)
 PREORDER_TTL_SECONDS = env_int("PREORDER_TTL_SECONDS", 3600)
 # An unused pre-order is deleted this long after it expired (until then a late request
 # hears "expired" rather than "unknown").
