@@ -303,7 +303,8 @@ def _text(db: BaseDatabaseWrapper, moment: datetime) -> str:
 def _aware(value: datetime | str) -> datetime:
     if isinstance(value, str):  # SQLite
         parsed = parse_datetime(value)
-        assert parsed is not None, value
+        if parsed is None:
+            raise ValueError(f"not a time: {value!r}")
         value = parsed
     if timezone.is_naive(value):
         value = timezone.make_aware(value, UTC)

@@ -5,6 +5,7 @@ import threading
 
 import pytest
 
+from idempotency.models import Lease
 from idempotency.snowflake import (
     EPOCH_MS,
     MAX_SEQUENCE,
@@ -14,7 +15,6 @@ from idempotency.snowflake import (
     next_snowflake,
     snowflake_parts,
 )
-from idempotency.models import Lease
 from tests.conftest import run_in_threads
 
 START_MS = EPOCH_MS + 1_000_000
