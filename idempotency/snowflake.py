@@ -30,16 +30,25 @@ new one only after it (its first millisecond is past the one the database took t
 lease over in). A process that could not renew in time (frozen, or cut off from the
 database) refuses with `IdIssuerUnavailable` (503) rather than risk a duplicate, and
 leases a fresh id for the numbers after.
+
+On the embedded SQLite default there is one host by construction (the database is a
+file on it), and a lease could not be taken from inside a request's transaction (the
+file has one writer at a time). There each process claims one of the 1024 worker ids
+by `flock`ing a slot file in `LEDGER_DATA_DIR`: the kernel releases it when the
+process exits, even on SIGKILL; a forked child claims its own.
 """
 
+import fcntl
 import logging
 import os
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
+from typing import IO
 
-from django.db import DatabaseError
+from django.db import DatabaseError, connection
 
 from .exceptions import IdIssuerUnavailable
 from .leases import Lease, LeaseStore, steady
@@ -178,6 +187,30 @@ class SnowflakeGenerator:
             )
 
 
+class NoFreeWorkerSlot(RuntimeError):
+    """Every one of this host's 1024 worker slots is held by a live process."""
+
+
+def claim_worker_slot(directory: Path) -> tuple[int, IO[str]]:
+    """Claim a worker id no other live process on this host holds (SQLite only).
+
+    Returns the id and the open slot file, which must stay open (and so locked) for
+    as long as the process issues ids.
+    """
+    directory.mkdir(parents=True, exist_ok=True)
+    for slot in range(MAX_WORKER_ID + 1):
+        handle = (directory / f"slot-{slot}.lock").open("a")
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.close()
+            continue
+        return slot, handle
+    raise NoFreeWorkerSlot(
+        f"all {MAX_WORKER_ID + 1} worker slots in {directory} are taken"
+    )
+
+
 class LeaseEnded(RuntimeError):
     """The worker id's lease passed its deadline, or was lost, before this id."""
 
@@ -207,9 +240,10 @@ class LeasedClock:
 
 @dataclass
 class _Leased:
-    lease: Lease
-    clock: LeasedClock
+    lease: Lease | None  # None: a flock slot (SQLite)
+    clock: LeasedClock | None
     generator: SnowflakeGenerator
+    slot_file: IO[str] | None = None
 
 
 def _lease_seconds() -> float:
@@ -246,7 +280,8 @@ class _ProcessGenerator:
             leased = self._leased
             if leased is None:
                 leased = self._leased = self._acquire()
-                self._start_renewer()
+                if leased.lease is not None:
+                    self._start_renewer()
         try:
             return leased.generator.next_id()
         except LeaseEnded as ended:
@@ -262,6 +297,13 @@ class _ProcessGenerator:
         return None if leased is None else leased.generator.worker_id
 
     def _acquire(self) -> _Leased:
+        if connection.vendor == "sqlite":
+            from django.conf import settings
+
+            worker_id, slot_file = claim_worker_slot(settings.DATA_DIR / "snowflake")
+            return _Leased(
+                None, None, SnowflakeGenerator(worker_id=worker_id), slot_file
+            )
         seconds = _lease_seconds()
         try:
             lease = self._store.acquire(WORKER_LEASES, seconds=seconds)
@@ -297,7 +339,9 @@ class _ProcessGenerator:
         while not stop.wait(wait):
             wait = _lease_seconds() / 3
             leased = self._leased
-            if leased is None or leased.clock.lost:
+            if leased is None or leased.lease is None or leased.clock is None:
+                continue
+            if leased.clock.lost:
                 continue
             try:
                 renewed = self._store.renew(leased.lease, seconds=_lease_seconds())

@@ -19,7 +19,13 @@ from django.utils import timezone
 
 from idempotency.leases import LeaseStore
 from idempotency.models import Lease
-from idempotency.snowflake import EPOCH_MS, snowflake_parts
+from idempotency.snowflake import (
+    EPOCH_MS,
+    _process,
+    forget_worker_lease,
+    snowflake_parts,
+)
+from tests.helpers import assert_problem, customer, new_key
 from tests.servers import ROOT
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
@@ -165,3 +171,27 @@ def test_a_frozen_holder_refuses_to_issue_after_its_lease_was_taken_over(
         process.kill()
         process.wait(timeout=10)
         taker.close()
+
+
+def test_a_process_that_cannot_renew_answers_503_and_stores_nothing(
+    settings, on_postgres_only
+):
+    """The renewer stops (as when the database is out of reach): once the lease's
+    deadline passes, pre-orders are refused, problem+json, and the key stays free."""
+    settings.SNOWFLAKE_LEASE_SECONDS = 1
+    forget_worker_lease()
+    _, client, _ = customer("lease-alice")
+
+    def preorder(key: str):
+        return client.post("/api/v1/preorders", {}, headers={"Idempotency-Key": key})
+
+    assert preorder(new_key()).status_code == 201
+    _process._stop.set()  # no more renewals
+    time.sleep(1.2)
+    key = new_key()
+    refused = preorder(key)
+    assert_problem(refused, 503, "id_issuer_unavailable")
+    assert refused["Retry-After"] == "1"
+    again = preorder(key)  # a fresh lease: the same key now runs
+    assert again.status_code == 201 and "Idempotent-Replayed" not in again
+    forget_worker_lease()
