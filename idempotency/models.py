@@ -8,13 +8,15 @@ from datetime import datetime
 
 from django.db import models
 from django.db.models import Q
-from django.utils import timezone
+
+from .sql import DatabaseNow
 
 
 class RecordQuerySet(models.QuerySet["IdempotencyRecord"]):
     def expired(self) -> "RecordQuerySet":
-        """Finished records past their time to live: see `IdempotencyRecord.expired`."""
-        return self.filter(expires_at__lte=timezone.now()).exclude(
+        """Finished records past their time to live (by the database's clock): see
+        `IdempotencyRecord.expired`."""
+        return self.filter(expires_at__lte=DatabaseNow()).exclude(
             status=IdempotencyRecord.Status.PROCESSING
         )
 
