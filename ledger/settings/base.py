@@ -228,7 +228,10 @@ CELERY_TASK_TIME_LIMIT = 120
 CELERY_TASK_SOFT_TIME_LIMIT = 100
 CELERY_TASK_ALWAYS_EAGER = env_bool("CELERY_TASK_ALWAYS_EAGER", False)
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
-CELERY_BEAT_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"
+# django-celery-beat's database scheduler, led: of all the beats running, only the one
+# holding the "beat" lease (BEAT_LEASE_SECONDS, by the database's clock) sends tasks.
+CELERY_BEAT_SCHEDULER = "ledger.beat:LeaderScheduler"
+BEAT_LEASE_SECONDS = env_int("BEAT_LEASE_SECONDS", 30)
 CELERY_BEAT_SCHEDULE = {
     "idempotency-purge-expired": {
         "task": "idempotency.tasks.purge_expired_keys",
