@@ -30,4 +30,8 @@ def idempotency_settings(**kwargs: Any) -> list[checks.CheckMessage]:
         refuse("IDEMPOTENCY_REDIS_FAILURE", f"must be one of {REDIS_FAILURE}", 3)
     if any(mode not in MODES for mode in settings.IDEMPOTENCY_ENDPOINTS.values()):
         refuse("IDEMPOTENCY_ENDPOINTS", f"each mode must be one of {MODES}", 4)
+    # A worker id lease is renewed every third of it, over a database round trip:
+    # shorter than a second leaves no time for one.
+    if settings.SNOWFLAKE_LEASE_SECONDS < 1:
+        refuse("SNOWFLAKE_LEASE_SECONDS", "must be at least 1 second", 5)
     return errors

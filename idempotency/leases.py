@@ -108,6 +108,8 @@ class LeaseStore:
         with self._lock:
             if self._db is None:
                 self._db = connections.create_connection(self._alias)
+                # The renewer thread and request threads take turns (under the lock).
+                self._db.inc_thread_sharing()
             db = self._db
             try:
                 with db.wrap_database_errors:
