@@ -119,12 +119,12 @@ def count_for(broker: redis.Redis, seconds: float) -> dict[str, int]:
 
 
 def assert_once_per_interval(counts: dict[str, int], seconds: float) -> None:
-    # Each task about once per interval over `seconds`; two acting beats would
-    # send twice as many.
+    # Each task about once per interval over `seconds`: two acting beats would send
+    # twice as many. (A beat slowed by a busy machine sends fewer, never more.)
     every_second = counts.get("idempotency.tasks.purge_expired_keys", 0)
     every_two = counts.get("ledger.tasks.check_invariants", 0)
-    assert seconds - 2 <= every_second <= seconds + 1, counts
-    assert seconds / 2 - 2 <= every_two <= seconds / 2 + 1, counts
+    assert seconds / 2 <= every_second <= seconds + 1, counts
+    assert 1 <= every_two <= seconds / 2 + 1, counts
 
 
 @pytest.mark.slow
