@@ -1,5 +1,4 @@
 from django.http import Http404
-from django.utils import timezone
 from drf_spectacular.utils import extend_schema
 from rest_framework import serializers
 from rest_framework.request import Request
@@ -7,6 +6,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from .models import IdempotencyRecord
+from .sql import DatabaseNow
 
 
 class IdempotencyKeyApi(APIView):
@@ -32,9 +32,10 @@ class IdempotencyKeyApi(APIView):
         record = (
             IdempotencyRecord.objects.filter(scope=f"user:{request.user.pk}", key=key)
             .only("key", "status", "created_at", "expires_at", "response_status")
+            .annotate(db_now=DatabaseNow())
             .first()
         )
-        if record is None or record.expired(timezone.now()):
+        if record is None or record.expired(record.db_now):  # type: ignore[attr-defined]
             raise Http404
         data = self.OutputSerializer(record).data
         if not record.finished:

@@ -36,4 +36,8 @@ def idempotency_settings(**kwargs: Any) -> list[checks.CheckMessage]:
         if url.scheme not in ("redis", "rediss") or url.path not in ("", "/", "/0"):
             why = "a Redis Cluster needs REDIS_URL=redis://<a node>:<port>/0"
             refuse("REDIS_URL", f"{why} (REDIS_CLUSTER is set)", 5)
+    # A worker id lease is renewed every third of it, over a database round trip:
+    # shorter than a second leaves no time for one.
+    if settings.SNOWFLAKE_LEASE_SECONDS < 1:
+        refuse("SNOWFLAKE_LEASE_SECONDS", "must be at least 1 second", 6)
     return errors

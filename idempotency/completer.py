@@ -23,11 +23,11 @@ from collections.abc import Callable
 from functools import partial
 
 from django.http import HttpResponse
-from django.utils import timezone
 
 from . import records
 from .engine import Phases, run_phases
 from .models import IdempotencyRecord
+from .sql import DatabaseNow
 
 logger = logging.getLogger(__name__)
 
@@ -50,7 +50,7 @@ def complete_stuck(*, limit: int = 100) -> int:
     stuck = (
         IdempotencyRecord.objects.filter(
             status=IdempotencyRecord.Status.PROCESSING,
-            locked_until__lt=timezone.now(),
+            locked_until__lt=DatabaseNow(),
             endpoint__in=list(RESUMERS),
         )
         .exclude(recovery_point="started")
@@ -58,8 +58,8 @@ def complete_stuck(*, limit: int = 100) -> int:
     )
     finished = 0
     for record in stuck:
-        locked_until = timezone.now() + records.lease()
-        if not records.take_over(record, locked_until):
+        locked_until = records.take_over(record)  # by the database's clock
+        if locked_until is None:
             continue  # a client's retry (or another completer) took it first
         phases = Phases(
             record.pk,

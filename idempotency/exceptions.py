@@ -74,3 +74,17 @@ class IdempotencyUnavailable(ProblemError):
 class LeaseLost(Exception):
     """This process's lease on a key passed and another request took the key over;
     whatever this process was about to commit must not be committed."""
+
+
+class IdIssuerUnavailable(ProblemError):
+    """No live worker id lease (`idempotency.snowflake`): no number is issued rather
+    than one that another process might issue too."""
+
+    status = 503
+    code = "id_issuer_unavailable"
+    title = "Cannot issue numbers right now"
+    default_detail = (
+        "This server could not renew its worker id in time, so it issues no number "
+        "rather than risk a duplicate. Nothing was done. Retry later."
+    )
+    headers = {"Retry-After": "1"}

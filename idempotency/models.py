@@ -9,14 +9,16 @@ from datetime import datetime
 from django.conf import settings
 from django.db import models
 from django.db.models import Q
-from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
+
+from .sql import DatabaseNow
 
 
 class RecordQuerySet(models.QuerySet["IdempotencyRecord"]):
     def expired(self) -> "RecordQuerySet":
-        """Finished records past their time to live: see `IdempotencyRecord.expired`."""
-        return self.filter(expires_at__lte=timezone.now()).exclude(
+        """Finished records past their time to live (by the database's clock): see
+        `IdempotencyRecord.expired`."""
+        return self.filter(expires_at__lte=DatabaseNow()).exclude(
             status=IdempotencyRecord.Status.PROCESSING
         )
 
@@ -132,3 +134,22 @@ class AuditEntry(models.Model):
 
     def __str__(self) -> str:
         return f"{self.actor_name} {self.action} {self.scope} {self.key}"
+
+
+class Lease(models.Model):
+    """A named lease held by one process until `expires_at`, by the database's clock.
+
+    Worker ids of the Snowflake generator (`snowflake:<id>`, one row per id) and the
+    beat leader (`beat`) are leases. Only `idempotency.leases` writes these rows, in
+    single statements whose times all come from the database's clock, so a host whose
+    clock runs fast or slow can neither steal a live lease nor keep a dead one.
+    """
+
+    name = models.CharField(max_length=100, primary_key=True)
+    # host:pid:random token; the token tells apart two holders with the same pid.
+    holder = models.CharField(max_length=200)
+    acquired_at = models.DateTimeField()
+    expires_at = models.DateTimeField()
+
+    def __str__(self) -> str:
+        return f"{self.name} held by {self.holder} until {self.expires_at}"

@@ -8,6 +8,11 @@ advisory lock, so the database decides who runs whatever Redis does: atomic mode
 it for its whole transaction (taken in the statement that looks the key up), phased
 mode while it commits its `processing` record (which then stands for the lock).
 SQLite needs no lock: `BEGIN IMMEDIATE` already serialises writers.
+
+Every time here is the database's clock (`sql.DatabaseNow`), put into the statements
+that run anyway: a lease's start and end, the take-over's "has it passed?", a record's
+time to live. Hosts' clocks disagree; a host whose clock runs fast must not take over
+a live lease early, nor one that runs slow keep a dead one.
 """
 
 import hashlib
@@ -23,7 +28,7 @@ from django.utils import timezone
 
 from .models import IdempotencyRecord
 from .responses import StoredResponse
-from .sql import insert_unless_exists
+from .sql import DatabaseNow, insert_unless_exists
 
 Status = IdempotencyRecord.Status
 
@@ -48,9 +53,9 @@ def lease() -> timedelta:
     return timedelta(seconds=settings.IDEMPOTENCY_LEASE_SECONDS)
 
 
-def expires_at(finished: datetime) -> datetime:
+def ttl() -> timedelta:
     """A record is remembered for the time to live after its request finished."""
-    return finished + timedelta(seconds=settings.IDEMPOTENCY_TTL_SECONDS)
+    return timedelta(seconds=settings.IDEMPOTENCY_TTL_SECONDS)
 
 
 def _lock_id(call: Call) -> int:
@@ -138,19 +143,21 @@ def find(call: Call, *, for_update: bool = False) -> IdempotencyRecord | None:
 
 
 def _load(record_id: int, *, for_update: bool = False) -> IdempotencyRecord | None:
-    """The record, unless it has expired (then it is forgotten now)."""
-    records = IdempotencyRecord.objects.filter(pk=record_id)
+    """The record, unless it has expired (then it is forgotten now). It carries
+    `db_now`, the database's clock as the statement read it."""
+    records = IdempotencyRecord.objects.filter(pk=record_id).annotate(
+        db_now=DatabaseNow()
+    )
     if for_update:
         records = records.select_for_update()
     record = records.first()
-    if record is not None and record.expired(timezone.now()):
+    if record is not None and record.expired(record.db_now):  # type: ignore[attr-defined]
         record.delete()
         return None
     return record
 
 
 def _new(call: Call, **values: Any) -> IdempotencyRecord:
-    now = timezone.now()
     return IdempotencyRecord(
         scope=call.scope,
         key=call.key,
@@ -159,15 +166,18 @@ def _new(call: Call, **values: Any) -> IdempotencyRecord:
         path=call.path,
         fingerprint=call.fingerprint,
         request_fields=call.fields,
-        created_at=now,
-        expires_at=expires_at(now),
         **values,
     )
 
 
 def _insert(record: IdempotencyRecord) -> bool:
-    """True if the record is ours; False if the key has one already (we lost)."""
-    return insert_unless_exists(record, ("scope", "key"))
+    """True if the record is ours; False if the key has one already (we lost).
+    Its times are the database's: created now, remembered for the time to live, and
+    (a `processing` record) leased for the lease."""
+    clock = {"created_at": timedelta(0), "expires_at": ttl()}
+    if record.status == Status.PROCESSING:
+        clock["locked_until"] = lease()
+    return insert_unless_exists(record, ("scope", "key"), clock=clock)
 
 
 def _finished(call: Call, stored: StoredResponse) -> IdempotencyRecord:
@@ -257,40 +267,87 @@ def claim(call: Call) -> Claim:
     """Commit a `processing` record with a lease, or take over an expired one.
 
     One transaction that also tries the key's advisory lock, so a phased request
-    never starts while an atomic one with the key runs.
+    never starts while an atomic one with the key runs. Whether a lease has passed
+    is the database's clock's to say (`db_now`, read by the lookup that locks the
+    record), never this host's.
     """
-    now = timezone.now()
-    locked_until = now + lease()
     with transaction.atomic():
         if not try_lock(call):
             return Claim(Claimed.BUSY)
-        record = _new(call, status=Status.PROCESSING, locked_until=locked_until)
+        record = _new(call, status=Status.PROCESSING)
         if _insert(record):
-            return Claim(Claimed.NEW, record, locked_until)
+            return Claim(Claimed.NEW, record, record.locked_until)
         held = find(call, for_update=True)
         if held is None:  # expired and forgotten just now: start afresh
             if not _insert(record):  # ...unless a third request just did
                 return Claim(Claimed.BUSY)
-            return Claim(Claimed.NEW, record, locked_until)
+            return Claim(Claimed.NEW, record, record.locked_until)
         if (
             held.fingerprint != call.fingerprint
             or held.finished
-            or (held.locked_until and held.locked_until > now)
+            or (held.locked_until and held.locked_until > held.db_now)  # type: ignore[attr-defined]
         ):
             return Claim(Claimed.EXISTING, held)
-        if not take_over(held, locked_until):
+        locked_until = take_over(held)
+        if locked_until is None:
             return Claim(Claimed.BUSY)
     return Claim(Claimed.TAKEN_OVER, held, locked_until, held.recovery_data)
 
 
-def take_over(record: IdempotencyRecord, locked_until: datetime) -> bool:
-    """The holder's lease has passed: it died or hangs. Take the key over with a
-    conditional update on the lease we saw, so only one of several takers wins."""
-    return bool(
-        IdempotencyRecord.objects.filter(
-            pk=record.pk, locked_until=record.locked_until
-        ).update(locked_until=locked_until)
+def _renew(
+    record_id: int,
+    locked_until: datetime | None,
+    *,
+    passed: bool = False,
+    recovery: tuple[str, dict[str, Any]] | None = None,
+) -> datetime | None:
+    """Give the record a new lease (the database's clock plus the lease) if it still
+    carries `locked_until` and, with `passed`, if that lease has passed; save the
+    recovery point (name, data) with it. The new lease's end, or None if no row
+    matched. One statement, `UPDATE ... RETURNING`."""
+    quote = connection.ops.quote_name
+    adapt = connection.ops.adapt_datetimefield_value
+    sets: list[str] = []
+    params: list[Any] = []
+    if recovery is not None:
+        name, data = recovery
+        field = IdempotencyRecord._meta.get_field("recovery_data")
+        sets += ["recovery_point = %s", "recovery_data = %s"]
+        params += [name, field.get_db_prep_save(data, connection)]
+    where = "id = %s AND locked_until = %s"
+    where_params: list[Any] = [record_id, adapt(locked_until)]
+    renewed: datetime | None = None
+    if connection.vendor == "postgresql":
+        sets.append("locked_until = CLOCK_TIMESTAMP() + %s")
+        params.append(lease())
+        if passed:
+            where += " AND locked_until < CLOCK_TIMESTAMP()"
+    else:  # SQLite: this host's clock is the database's
+        now = timezone.now()
+        renewed = now + lease()
+        sets.append("locked_until = %s")
+        params.append(adapt(renewed))
+        if passed:
+            where += " AND locked_until < %s"
+            where_params.append(adapt(now))
+    table = quote(IdempotencyRecord._meta.db_table)
+    sql = (
+        f"UPDATE {table} SET {', '.join(sets)} "  # noqa: S608
+        f"WHERE {where} RETURNING locked_until"
     )
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [*params, *where_params])
+        row = cursor.fetchone()
+    if row is None:
+        return None
+    return renewed or row[0]
+
+
+def take_over(record: IdempotencyRecord) -> datetime | None:
+    """The holder's lease has passed (by the database's clock): it died or hangs.
+    Take the key over with a conditional update on the lease we saw, so only one of
+    several takers wins; the new lease's end, or None if we lost."""
+    return _renew(record.pk, record.locked_until, passed=True)
 
 
 def save_recovery_point(
@@ -298,11 +355,7 @@ def save_recovery_point(
 ) -> datetime | None:
     """Save `name` as the record's recovery point and renew the lease, in the
     caller's transaction; None if the lease we held is gone (taken over)."""
-    renewed = timezone.now() + lease()
-    saved = IdempotencyRecord.objects.filter(
-        pk=record_id, locked_until=locked_until
-    ).update(recovery_point=name, recovery_data=data, locked_until=renewed)
-    return renewed if saved else None
+    return _renew(record_id, locked_until, recovery=(name, data))
 
 
 def finish(record_id: int, locked_until: datetime, stored: StoredResponse) -> bool:
@@ -318,7 +371,7 @@ def finish(record_id: int, locked_until: datetime, stored: StoredResponse) -> bo
             response_body=stored.body,
             recovery_point="finished",
             locked_until=None,
-            expires_at=expires_at(timezone.now()),
+            expires_at=DatabaseNow(plus=ttl()),
         )
     )
 
@@ -332,4 +385,4 @@ def release(record_id: int, locked_until: datetime, recovery_point: str) -> None
     if recovery_point == "started":
         ours.filter(recovery_point="started").delete()
     else:
-        ours.update(locked_until=timezone.now())
+        ours.update(locked_until=DatabaseNow())

@@ -4,11 +4,10 @@ import logging
 from datetime import timedelta
 
 from django.db import transaction
-from django.utils import timezone
 
 from .exceptions import ProblemError
 from .models import STARTED, AuditEntry, IdempotencyRecord
-from .sql import delete_in_batches
+from .sql import DatabaseNow, delete_in_batches
 
 logger = logging.getLogger(__name__)
 
@@ -28,7 +27,7 @@ def record_release_stuck(*, grace_seconds: int = 60) -> int:
     a recovery point has effects on record; we end its lease so the client's retry (or
     the owning app's re-drive task) resumes it at once, and log it for operators.
     """
-    cutoff = timezone.now() - timedelta(seconds=grace_seconds)
+    cutoff = DatabaseNow(plus=-timedelta(seconds=grace_seconds))
     stuck = IdempotencyRecord.objects.filter(
         status=IdempotencyRecord.Status.PROCESSING, locked_until__lt=cutoff
     )

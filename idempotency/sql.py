@@ -1,4 +1,4 @@
-"""Two SQL patterns the hot path and the housekeeping share.
+"""SQL patterns the hot path and the housekeeping share.
 
 `insert_unless_exists`: claiming something once (a key record, a ledger reference) is
 an INSERT that may lose to a row that is already there. Django's way, `create()` inside
@@ -10,15 +10,44 @@ losing is an answer, not an exception.
 `delete_in_batches`: housekeeping that deletes old rows (expired keys, unused
 pre-orders) must never lock a large part of a table or hold locks for long, or it
 starves the writers it shares the table with.
+
+`DatabaseNow`: times that decide who may act (leases, take-overs, expiry) come from
+the database's clock, never a host's: hosts' clocks disagree, the database's is one.
+On PostgreSQL it is `clock_timestamp()` (the time the statement reads it, not the
+transaction's start), put into the statements that run anyway. SQLite runs inside
+this process: its clock is this host's, read here and passed in, formatted as the
+ORM formats it (so that times stored both ways compare, and equal, as text).
 """
 
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from datetime import timedelta
 from functools import cache
-from typing import cast
+from typing import Any, cast
 
 from django.db import connection, transaction
-from django.db.models import Field, Model, QuerySet
+from django.db.models import DateTimeField, Expression, Field, Model, QuerySet
+from django.utils import timezone
+
+
+class DatabaseNow(Expression):
+    """The database's clock, plus `plus`, as an ORM expression (see the module doc).
+
+    `Record.objects.filter(locked_until__lt=DatabaseNow())`,
+    `.update(expires_at=DatabaseNow(plus=ttl))`.
+    """
+
+    output_field = DateTimeField()
+
+    def __init__(self, plus: timedelta = timedelta(0)) -> None:
+        super().__init__()
+        self.plus = plus
+
+    def as_sql(self, compiler: Any, connection: Any) -> Any:
+        if connection.vendor == "postgresql":
+            return "(CLOCK_TIMESTAMP() + %s)", (self.plus,)
+        moment = timezone.now() + self.plus
+        return "%s", (connection.ops.adapt_datetimefield_value(moment),)
 
 
 @cache
@@ -27,36 +56,65 @@ def _columns(model: type[Model]) -> list[Field]:
 
 
 @cache
-def _statement(model: type[Model], conflict: tuple[str, ...], vendor: str) -> str:
-    """Built once per model and vendor; only model metadata is formatted in."""
+def _statement(
+    model: type[Model], conflict: tuple[str, ...], vendor: str, clocked: tuple[str, ...]
+) -> str:
+    """Built once per model, vendor and clocked columns; only model metadata is
+    formatted in."""
     quote = connection.ops.quote_name
     columns = ", ".join(quote(cast(str, f.column)) for f in _columns(model))
-    placeholders = ", ".join(["%s"] * len(_columns(model)))
+    placeholders = ", ".join(
+        "(CLOCK_TIMESTAMP() + %s)" if f.attname in clocked else "%s"
+        for f in _columns(model)
+    )
     target = ", ".join(quote(c) for c in conflict)
-    pk = quote(cast(str, model._meta.pk.column))  # type: ignore[union-attr]
+    returning = ", ".join(
+        quote(cast(str, getattr(f, "column", None)))
+        for f in [model._meta.pk, *(model._meta.get_field(n) for n in clocked)]
+    )
     return (
         f"INSERT INTO {quote(model._meta.db_table)} ({columns}) "  # noqa: S608
-        f"VALUES ({placeholders}) ON CONFLICT ({target}) DO NOTHING RETURNING {pk}"
+        f"VALUES ({placeholders}) ON CONFLICT ({target}) DO NOTHING "
+        f"RETURNING {returning}"
     )
 
 
-def insert_unless_exists(instance: Model, conflict: Sequence[str]) -> bool:
+def insert_unless_exists(
+    instance: Model,
+    conflict: Sequence[str],
+    *,
+    clock: Mapping[str, timedelta] | None = None,
+) -> bool:
     """INSERT `instance` unless a row with the same `conflict` columns exists.
 
     True (and `instance.pk` set) if the row is ours; False if one was there first.
-    Field defaults and `auto_now_add` apply as in `save()`.
+    Field defaults and `auto_now_add` apply as in `save()`. Each column named in
+    `clock` is set to the database's clock plus its offset instead (`DatabaseNow`),
+    and the instance gets the values the database chose.
     """
     model = type(instance)
-    values = [
-        f.get_db_prep_save(f.pre_save(instance, True), connection)
+    clock = clock or {}
+    postgres = connection.vendor == "postgresql"
+    if not postgres:  # SQLite: this host's clock is the database's
+        now = timezone.now()
+        for name, plus in clock.items():
+            setattr(instance, name, now + plus)
+    clocked = tuple(clock) if postgres else ()
+    values: list[Any] = [
+        clock[f.attname]
+        if f.attname in clocked
+        else f.get_db_prep_save(f.pre_save(instance, True), connection)
         for f in _columns(model)
     ]
     with connection.cursor() as cursor:
-        cursor.execute(_statement(model, tuple(conflict), connection.vendor), values)
+        sql = _statement(model, tuple(conflict), connection.vendor, clocked)
+        cursor.execute(sql, values)
         row = cursor.fetchone()
     if row is None:
         return False
     instance.pk = row[0]
+    for name, value in zip(clocked, row[1:], strict=True):
+        setattr(instance, name, value)
     instance._state.adding = False
     return True
 

@@ -21,3 +21,18 @@ def default_currency(**kwargs: Any) -> list[checks.CheckMessage]:
             id="ledger.E001",
         )
     ]
+
+
+@checks.register()
+def beat_lease(**kwargs: Any) -> list[checks.CheckMessage]:
+    """The beat leader renews every third of its lease: under a second leaves no
+    time for the round trip, and leadership would flap between beats."""
+    if settings.BEAT_LEASE_SECONDS >= 1:
+        return []
+    return [
+        checks.Error(
+            f"BEAT_LEASE_SECONDS = {settings.BEAT_LEASE_SECONDS!r}: must be at least "
+            "1 second",
+            id="ledger.E002",
+        )
+    ]

@@ -5,6 +5,7 @@ from typing import Any
 import pytest
 from django.db import connection, connections
 
+from idempotency.snowflake import forget_worker_lease
 from tests.factories import UserFactory
 from tests.servers import OwnRedis
 
@@ -90,3 +91,11 @@ def own_redis(settings) -> Iterator[OwnRedis]:
         yield redis
     finally:
         redis.stop()
+
+
+@pytest.fixture(scope="session")
+def django_db_setup(django_db_setup):
+    """The test database, and before it is dropped, this process's worker id lease
+    let go: its connection would keep the database from being dropped."""
+    yield
+    forget_worker_lease()

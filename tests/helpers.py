@@ -4,6 +4,7 @@ rows without a story in `factories.py`, processes in `servers.py`.)"""
 
 import itertools
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -13,7 +14,6 @@ from django.db import connection
 from django.db.models import Model
 from rest_framework.test import APIClient
 
-from idempotency.snowflake import next_snowflake
 from ledger.models import Account
 from ledger.services import customer_get_or_create, ledger_deposit
 from orders.models import Order
@@ -36,7 +36,7 @@ _keys = itertools.count(1)
 
 
 def new_key(prefix: str = "key") -> str:
-    return f"{prefix}-{next(_keys)}-{next_snowflake()}"
+    return f"{prefix}-{next(_keys)}-{uuid.uuid4().hex[:16]}"
 
 
 def customer(username: str, *, balance: int = 0) -> tuple:

@@ -259,7 +259,10 @@ CELERY_TASK_TIME_LIMIT = 120
 CELERY_TASK_SOFT_TIME_LIMIT = 100
 CELERY_TASK_ALWAYS_EAGER = env_bool("CELERY_TASK_ALWAYS_EAGER", False)
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
-CELERY_BEAT_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"
+# django-celery-beat's database scheduler, led: of all the beats running, only the one
+# holding the "beat" lease (BEAT_LEASE_SECONDS, by the database's clock) sends tasks.
+CELERY_BEAT_SCHEDULER = "ledger.beat:LeaderScheduler"
+BEAT_LEASE_SECONDS = env_int("BEAT_LEASE_SECONDS", 30)
 CELERY_BEAT_SCHEDULE = {
     "idempotency-purge-expired": {
         "task": "idempotency.tasks.purge_expired_keys",
@@ -293,10 +296,10 @@ LOGGING: dict[str, Any] = {
     "loggers": {"django.db.backends": {"level": "INFO"}},
 }
 
-# Orders: this host's Snowflake node id (0..15, distinct per machine; each process on
-# it claims one of 64 worker slots by itself) and how long a pre-order's number stays
-# usable.
-SNOWFLAKE_NODE_ID = env_int("SNOWFLAKE_NODE_ID", 0)
+# Orders: how long each process's lease on its Snowflake worker id lasts (leased from
+# the database, renewed every third of it; a process that cannot renew in time stops
+# issuing numbers) and how long a pre-order's number stays usable.
+SNOWFLAKE_LEASE_SECONDS = env_int("SNOWFLAKE_LEASE_SECONDS", 30)
 PREORDER_TTL_SECONDS = env_int("PREORDER_TTL_SECONDS", 3600)
 # An unused pre-order is deleted this long after it expired (until then a late request
 # hears "expired" rather than "unknown").

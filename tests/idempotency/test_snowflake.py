@@ -4,15 +4,15 @@ import os
 import threading
 
 import pytest
+from django.db import connection
 
+from idempotency.models import Lease
 from idempotency.snowflake import (
     EPOCH_MS,
     MAX_SEQUENCE,
-    SLOT_BITS,
     ClockMovedBackwards,
-    NoFreeWorkerSlot,
     SnowflakeGenerator,
-    claim_worker_id,
+    _process,
     next_snowflake,
     snowflake_parts,
 )
@@ -158,24 +158,19 @@ def test_two_generators_with_different_workers_never_collide():
     assert not ids_a & ids_b
 
 
-def test_process_generator_carries_the_node_id(settings):
+@pytest.mark.django_db
+def test_process_generator_leases_its_worker_id():
     first, second = next_snowflake(), next_snowflake()
-    assert snowflake_parts(first).worker_id >> SLOT_BITS == settings.SNOWFLAKE_NODE_ID
+    assert snowflake_parts(first).worker_id == _process.worker_id
     assert second > first
+    if connection.vendor == "postgresql":  # SQLite: a flock slot on the one host
+        lease = Lease.objects.get(name=f"snowflake:{_process.worker_id}")
+        assert lease.holder.split(":")[1] == str(os.getpid())
 
 
-def test_live_processes_never_share_a_worker_id(tmp_path):
-    held = [claim_worker_id(3, tmp_path) for _ in range(64)]
-    ids = [worker_id for worker_id, _ in held]
-    assert len(set(ids)) == 64 and all(i >> SLOT_BITS == 3 for i in ids)
-    with pytest.raises(NoFreeWorkerSlot):
-        claim_worker_id(3, tmp_path)
-    held[5][1].close()  # a process exits: its slot is free again
-    assert claim_worker_id(3, tmp_path)[0] == ids[5]
-
-
+@pytest.mark.django_db
 def test_forked_processes_issue_distinct_numbers():
-    """gunicorn forks workers from one configuration; each must claim its own slot."""
+    """gunicorn forks workers from one configuration; each leases its own id."""
     next_snowflake()  # the parent has claimed a slot before forking
     read, write = os.pipe()
     hold, release = os.pipe()  # children stay alive (holding slots) until released

@@ -31,6 +31,8 @@ def test_the_shipped_settings_pass():
         ("PREORDER_PURGE_AFTER_SECONDS", 599, "orders.E001"),
         ("LEDGER_DEFAULT_CURRENCY", "ZZZ", "ledger.E001"),
         ("LEDGER_DEFAULT_CURRENCY", "cny", "ledger.E001"),
+        ("SNOWFLAKE_LEASE_SECONDS", 0, "idempotency.E006"),
+        ("BEAT_LEASE_SECONDS", 0, "ledger.E002"),
     ],
 )
 def test_a_setting_that_weakens_a_guarantee_is_refused(settings, setting, value, code):

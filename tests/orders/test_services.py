@@ -7,7 +7,7 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 from django_fsm import ConcurrentTransition
 
-from idempotency.snowflake import SLOT_BITS, snowflake_parts
+from idempotency.snowflake import _process, snowflake_parts
 from orders.exceptions import (
     DuplicateOrder,
     MerchantOrderNoUnknown,
@@ -43,7 +43,7 @@ def test_preorder_issues_fresh_time_ordered_numbers(settings):
     assert first.merchant_order_no != second.merchant_order_no
     assert int(first.merchant_order_no) < int(second.merchant_order_no)
     parts = snowflake_parts(int(first.merchant_order_no))
-    assert parts.worker_id >> SLOT_BITS == settings.SNOWFLAKE_NODE_ID
+    assert parts.worker_id == _process.worker_id
     lifetime = first.expires_at - first.created_at
     assert timedelta(seconds=599) < lifetime <= timedelta(seconds=601)
 
