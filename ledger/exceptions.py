@@ -18,7 +18,10 @@ class InsufficientFunds(DomainError):
     status = 422
     code = "insufficient_funds"
     title = "Insufficient funds"
-    default_detail = "The account balance is lower than the amount."
+    default_detail = (
+        "The account's available money (its balance less what holds reserve) is "
+        "lower than the amount."
+    )
 
 
 class AccountNotActive(DomainError):
@@ -53,3 +56,10 @@ class StaleVersion(DomainError):
     code = "stale_version"
     title = "Changed under you"
     default_detail = "The account changed since you read it; read it again and retry."
+
+
+class HoldNotActive(DomainError):
+    status = 409
+    code = "hold_not_active"
+    title = "Hold not active"
+    default_detail = "The hold was already captured, voided or expired."

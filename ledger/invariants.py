@@ -14,7 +14,7 @@ from collections.abc import Callable
 from django.db.models import Count, F, Q, Sum
 from django.db.models.functions import Coalesce
 
-from .models import Account, JournalEntry, Posting
+from .models import Account, Hold, JournalEntry, Posting
 
 Check = Callable[[], list[str]]
 _checks: list[Check] = []
@@ -78,6 +78,38 @@ def money_is_conserved() -> list[str]:
         f"{row['currency']} balances sum to {row['total']}, not 0"
         for row in totals
         if row["total"] != 0
+    ]
+
+
+@invariant
+def held_matches_active_holds() -> list[str]:
+    """Each account's `held` is the sum of its active holds."""
+    drifted = (
+        Account.objects.annotate(
+            holding=Coalesce(
+                Sum("holds__amount", filter=Q(holds__status=Hold.Status.ACTIVE)), 0
+            )
+        )
+        .exclude(held=F("holding"))
+        .values_list("pk", "held", "holding")
+    )
+    return [
+        f"account {pk} held {held} != sum of its active holds {holding}"
+        for pk, held, holding in drifted
+    ]
+
+
+@invariant
+def available_not_negative() -> list[str]:
+    """No account holds more than it has: `available` = `balance - held` >= 0."""
+    short = (
+        Account.objects.filter(balance__lt=F("held"))
+        .exclude(kind=Account.Kind.EXTERNAL)
+        .values_list("pk", "balance", "held")
+    )
+    return [
+        f"account {pk} available is below zero: balance {balance} - held {held}"
+        for pk, balance, held in short
     ]
 
 

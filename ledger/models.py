@@ -4,6 +4,10 @@ Money is an integer number of minor units. A balance changes only together with 
 posting of the same amount, inside one journal entry whose postings sum to zero, so
 the sum of all balances is always zero and every balance can be rebuilt from its
 postings. Entries are append-only: a correction is a reversing entry.
+
+A wallet's `held` is money reserved by active holds (authorize now, capture later):
+it always equals the sum of the wallet's active holds, and only `available` =
+`balance - held` may be debited or held again.
 """
 
 from django.conf import settings
@@ -37,6 +41,9 @@ class Account(models.Model):
     kind = models.CharField(max_length=16, choices=Kind.choices, default=Kind.WALLET)
     currency = models.CharField(max_length=3, default="CNY")
     balance = models.BigIntegerField(default=0)
+    # The sum of the account's active holds; moved only by conditional UPDATEs
+    # (`held = held + :amt WHERE balance - held >= :amt`).
+    held = models.BigIntegerField(default=0)
     version = models.BigIntegerField(default=0)
     status = FSMField(max_length=16, choices=Status.choices, default=Status.ACTIVE)
     created_at = models.DateTimeField(auto_now_add=True)
@@ -47,12 +54,24 @@ class Account(models.Model):
                 condition=Q(balance__gte=0) | Q(kind="external"),
                 name="account_balance_not_negative",
             ),
+            # 0 <= held <= balance: a hold never reserves money the account lacks
+            # (only wallets hold; the outside world, below zero, never does).
+            models.CheckConstraint(
+                condition=Q(held__gte=0)
+                & (Q(held__lte=models.F("balance")) | Q(kind="external")),
+                name="account_held_within_balance",
+            ),
             models.UniqueConstraint(
                 fields=["owner", "currency"],
                 condition=Q(kind="wallet"),
                 name="account_one_wallet_per_currency",
             ),
         ]
+
+    @property
+    def available(self) -> int:
+        """What may be debited or held: the balance less the active holds."""
+        return self.balance - self.held
 
     def __str__(self) -> str:
         who = self.code or (self.owner.get_username() if self.owner else "?")
@@ -122,3 +141,53 @@ class Posting(models.Model):
 
     def __str__(self) -> str:
         return f"{self.amount:+d} on account {self.account_id}"
+
+
+class Hold(models.Model):
+    """Money reserved on an account until it is captured, voided or expires (as
+    TigerBeetle's pending transfers, or a card authorization).
+
+    While `active`, its amount counts in the account's `held`. Each change of status
+    is a conditional `UPDATE ... WHERE status = 'active'`, so of a capture, a void
+    and the expiry racing exactly one takes effect; its unique `reference` makes a
+    replayed authorization find the hold instead of holding twice.
+    """
+
+    class Status(models.TextChoices):
+        ACTIVE = "active", "Active"
+        CAPTURED = "captured", "Captured"
+        VOIDED = "voided", "Voided"
+        EXPIRED = "expired", "Expired"
+
+    account = models.ForeignKey(Account, on_delete=models.PROTECT, related_name="holds")
+    amount = models.BigIntegerField()
+    status = models.CharField(
+        max_length=16, choices=Status.choices, default=Status.ACTIVE
+    )
+    reference = models.CharField(max_length=300, unique=True)
+    expires_at = models.DateTimeField()
+    created_at = models.DateTimeField(auto_now_add=True)
+    released_at = models.DateTimeField(null=True, blank=True)
+    class Meta:
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(amount__gt=0), name="hold_amount_positive"
+            ),
+        ]
+        indexes = [
+            # The few active holds among many released ones: the expiry task and
+            # `check_ledger` read only these.
+            models.Index(
+                fields=["expires_at"],
+                condition=Q(status="active"),
+                name="hold_active_expiry",
+            ),
+            models.Index(
+                fields=["account"],
+                condition=Q(status="active"),
+                name="hold_active_account",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"hold {self.reference} ({self.amount}, {self.status})"

@@ -1,9 +1,11 @@
 """Every change to money goes through these functions.
 
 A balance moves only by a conditional UPDATE in the database
-(`SET balance = balance + :amt, version = version + 1 WHERE id = :id AND balance >=
--:amt AND status = 'active'`), never by reading it into Python and writing it back;
-zero rows updated means the guard refused, and we say which guard.
+(`SET balance = balance + :amt, version = version + 1 WHERE id = :id AND balance -
+held >= -:amt AND status = 'active'`), never by reading it into Python and writing it
+back; zero rows updated means the guard refused, and we say which guard. A debit
+needs the money `available` (`balance - held`): what a hold reserved is not spent
+twice. Holds move `held` by the same kind of conditional UPDATE.
 
 These services open `transaction.atomic()` but not a durable one: a payment must commit
 its ledger entry in the same transaction as the order's new state and the idempotency
@@ -12,10 +14,13 @@ record that remembers the answer, so callers are allowed to wrap them.
 
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
+from datetime import datetime
 
 from django.contrib.auth.models import User
 from django.db import IntegrityError, transaction
+from django.db import connection
 from django.db.models import F, Q
+from django.utils import timezone
 
 from idempotency.sql import insert_unless_exists
 
@@ -23,11 +28,12 @@ from .exceptions import (
     AccountNotActive,
     AccountNotFound,
     CurrencyMismatch,
+    HoldNotActive,
     InsufficientFunds,
     ReferenceConflict,
     StaleVersion,
 )
-from .models import Account, JournalEntry, Posting
+from .models import Account, Hold, JournalEntry, Posting
 
 Leg = tuple[int, int]  # (account id, signed amount in minor units)
 
@@ -64,7 +70,12 @@ def _refusal(
         amount < 0 and account.status != Account.Status.ACTIVE
     ):
         return AccountNotActive(f"Account {account_id} is {account.status}.")
-    return InsufficientFunds(balance=account.balance, amount=-amount)
+    return InsufficientFunds(
+        balance=account.balance,
+        held=account.held,
+        available=account.available,
+        amount=-amount,
+    )
 
 
 def _move(account_id: int, amount: int, currency: str, seen: int | None) -> None:
@@ -72,10 +83,11 @@ def _move(account_id: int, amount: int, currency: str, seen: int | None) -> None
     if seen is not None:
         accounts = accounts.filter(version=seen)
     if amount < 0:
-        # Money leaves only an active account, and never below zero unless it is the
-        # outside world.
+        # Money leaves only an active account, only what no hold reserved
+        # (`balance - held >= :amt`), and never below zero unless it is the outside
+        # world.
         accounts = accounts.filter(status=Account.Status.ACTIVE).filter(
-            Q(balance__gte=-amount) | Q(kind=Account.Kind.EXTERNAL)
+            Q(balance__gte=F("held") - amount) | Q(kind=Account.Kind.EXTERNAL)
         )
     else:
         accounts = accounts.exclude(status=Account.Status.CLOSED)
@@ -210,6 +222,129 @@ def ledger_transfer(
 
 
 @transaction.atomic(savepoint=False)
+def hold_authorize(
+    *, account_id: int, amount: int, reference: str, expires_at: datetime
+) -> Hold:
+    """Reserve `amount` of the account's available money until `expires_at`, once
+    per reference.
+
+    The hold row is inserted first, so its unique `reference` is claimed before
+    `held` moves: a replay finds the hold and gets it back. Then one conditional
+    UPDATE, `held = held + :amt WHERE id = :id AND balance - held >= :amt AND
+    status = 'active'`; zero rows raises `InsufficientFunds` or `AccountNotActive`
+    and the caller's transaction, hold row included, rolls back.
+    """
+    if isinstance(amount, bool) or not isinstance(amount, int) or amount <= 0:
+        raise ValueError("a hold is a positive integer of minor units")
+    hold = Hold(
+        account_id=account_id, amount=amount, reference=reference, expires_at=expires_at
+    )
+    if not insert_unless_exists(hold, ["reference"]):
+        existing = Hold.objects.get(reference=reference)
+        if (existing.account_id, existing.amount) != (account_id, amount):
+            raise ReferenceConflict(reference=reference)
+        return existing
+    held = Account.objects.filter(
+        pk=account_id,
+        status=Account.Status.ACTIVE,
+        balance__gte=F("held") + amount,
+    ).update(held=F("held") + amount)
+    if not held:
+        account = Account.objects.filter(pk=account_id).first()
+        currency = account.currency if account else ""
+        raise _refusal(account_id, -amount, currency, None)
+    return hold
+
+
+# How a release compares the hold's `expires_at` with now: a capture only before it,
+# the expiry only after it, a void whenever.
+_BEFORE_EXPIRY = " AND expires_at > %s"
+_PAST_EXPIRY = " AND expires_at <= %s"
+
+
+def _hold_release(hold_id: int, status: str, expiry: str = "") -> Hold:
+    """Take an active hold to `status` and give its amount back to `available`.
+
+    The hold's change is one conditional `UPDATE ... WHERE status = 'active'
+    RETURNING ...` (plus the `expiry` condition): of two releases racing, the second
+    finds no row and raises `HoldNotActive`; only the winner lowers `held`.
+    """
+    now = timezone.now()
+    sql = (
+        f"UPDATE {Hold._meta.db_table} SET status = %s, released_at = %s "  # noqa: S608
+        f"WHERE id = %s AND status = %s{expiry} "
+        "RETURNING account_id, amount, reference, expires_at, created_at"
+    )
+    params: list = [status, now, hold_id, Hold.Status.ACTIVE]
+    if expiry:
+        params.append(now)
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        row = cursor.fetchone()
+    if row is None:
+        raise HoldNotActive(f"Hold {hold_id} is no longer active.")
+    account_id, amount, reference, expires_at, created_at = row
+    released = Account.objects.filter(pk=account_id, held__gte=amount).update(
+        held=F("held") - amount
+    )
+    if not released:  # pragma: no cover - the check constraint keeps held >= 0
+        raise RuntimeError(f"account {account_id} holds less than hold {hold_id}")
+    return Hold(
+        pk=hold_id,
+        account_id=account_id,
+        amount=amount,
+        status=status,
+        reference=reference,
+        expires_at=expires_at,
+        created_at=created_at,
+        released_at=now,
+    )
+
+
+@transaction.atomic(savepoint=False)
+def hold_capture(
+    *,
+    hold_id: int,
+    amount: int,
+    destination_id: int,
+    currency: str,
+    reference: str,
+    kind: str = JournalEntry.Kind.PAYMENT,
+    description: str = "",
+) -> JournalEntry:
+    """Release the whole hold and debit `amount` (at most the hold's) from its
+    account to `destination_id`, in the caller's transaction: one journal entry.
+
+    The hold moves `active -> captured` only if it is still active and not past
+    `expires_at` (else `HoldNotActive`); its amount leaves `held` before the debit,
+    whose guard then sees the money the hold reserved. The entry's unique
+    `reference` stops a second debit even if the hold's guard were bypassed.
+    """
+    hold = _hold_release(hold_id, Hold.Status.CAPTURED, _BEFORE_EXPIRY)
+    if not 0 < amount <= hold.amount:
+        raise ValueError(f"a capture moves 1..{hold.amount}, not {amount}")
+    return ledger_transfer(
+        source_id=hold.account_id,
+        destination_id=destination_id,
+        amount=amount,
+        currency=currency,
+        reference=reference,
+        kind=kind,
+        description=description,
+    )
+
+
+def hold_void(*, hold_id: int) -> Hold:
+    """Release an active hold without moving money (`HoldNotActive` otherwise)."""
+    return _hold_release(hold_id, Hold.Status.VOIDED)
+
+
+def hold_expire(*, hold_id: int) -> Hold:
+    """Release an active hold past its `expires_at` (`HoldNotActive` otherwise)."""
+    return _hold_release(hold_id, Hold.Status.EXPIRED, _PAST_EXPIRY)
+
+
+@transaction.atomic(savepoint=False)
 def wallet_top_up(*, account_id: int, at_least: int) -> JournalEntry | None:
     """Deposit whatever brings the wallet up to `at_least`; nothing if it has that.
 
@@ -217,7 +352,7 @@ def wallet_top_up(*, account_id: int, at_least: int) -> JournalEntry | None:
     we decided on, so two concurrent top-ups cannot both deposit the difference.
     """
     account = Account.objects.select_for_update().get(pk=account_id)
-    missing = at_least - account.balance
+    missing = at_least - account.available
     if missing <= 0:
         return None
     return ledger_deposit(

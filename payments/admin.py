@@ -1,4 +1,7 @@
+from collections.abc import Callable
+
 from django.contrib import admin, messages
+from django.db import transaction
 from django.db.models import QuerySet
 from django.http import HttpRequest
 
@@ -7,7 +10,9 @@ from orders.admin import OrderAdmin
 from orders.models import Order
 
 from .models import Payment, ProviderEvent, Refund, Shipment
-from .services import provider_event_redrive
+from ledger.exceptions import DomainError
+
+from .services import payment_capture, payment_void, provider_event_redrive
 
 
 class PaymentInline(admin.TabularInline):
@@ -35,7 +40,10 @@ class OrderWithPaymentsAdmin(OrderAdmin):
 @admin.register(Payment)
 class PaymentAdmin(ReadOnlyAdmin):
     """Payments are records of money that moved: read-only here; refunds go through
-    their service so the ledger moves with them."""
+    their service so the ledger moves with them. An authorized payment (manual
+    capture) can be captured in full or voided: each action calls the same service
+    as the API, once per payment per click, in its own transaction; a payment no
+    longer authorized (a second click, a race with the expiry) is skipped."""
 
     list_display = (
         "id",
@@ -63,7 +71,50 @@ class PaymentAdmin(ReadOnlyAdmin):
         "succeeded_at",
         "provider_txn_id",
         "pay_url",
+        "authorized_amount",
+        "hold",
     )
+    actions = ("capture", "void")
+
+    def has_capture_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm("payments.change_payment")
+
+    has_void_permission = has_capture_permission
+
+    @admin.action(
+        description="Capture authorized payments (in full)", permissions=["capture"]
+    )
+    def capture(self, request: HttpRequest, queryset: QuerySet) -> None:
+        self._each(request, queryset, payment_capture, "captured")
+
+    @admin.action(
+        description="Void authorized payments (release the hold)",
+        permissions=["void"],
+    )
+    def void(self, request: HttpRequest, queryset: QuerySet) -> None:
+        self._each(request, queryset, payment_void, "voided")
+
+    def _each(
+        self,
+        request: HttpRequest,
+        queryset: QuerySet,
+        service: Callable[..., object],
+        done: str,
+    ) -> None:
+        outcomes = {done: 0, "skipped": 0}
+        for pk in queryset.order_by("pk").values_list("pk", flat=True):
+            try:
+                with transaction.atomic(durable=True):  # the admin is the entry point
+                    service(payment_id=pk)
+            except DomainError as exc:
+                outcomes["skipped"] += 1
+                self.message_user(
+                    request, f"Payment {pk}: {exc.detail}", messages.WARNING
+                )
+            else:
+                outcomes[done] += 1
+        summary = ", ".join(f"{n} {outcome}" for outcome, n in outcomes.items())
+        self.message_user(request, f"{summary}.", messages.INFO)
 
 
 @admin.register(Refund)

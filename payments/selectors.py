@@ -17,4 +17,5 @@ def payment_get(*, owner: User, payment_id: int) -> Payment:
     """The owner's payment; 404 for anyone else's or an unknown one."""
     if not 0 < payment_id < 2**63:
         raise Http404("no such payment")
-    return get_object_or_404(Payment, pk=payment_id, order__owner=owner)
+    payments = Payment.objects.select_related("hold")
+    return get_object_or_404(payments, pk=payment_id, order__owner=owner)
