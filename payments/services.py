@@ -276,9 +276,10 @@ def payment_void_for_order(order_id: int) -> None:
         _void_locked(payment)
 
 
-def payment_expire(*, payment_id: int) -> Payment:
+def payment_expire(*, payment_id: int) -> tuple[Payment, bool]:
     """Expire an authorized payment whose hold is past `expires_at`: release the
     hold, mark the payment expired and cancel its order; anything else stays.
+    Returns (payment, whether this call expired it).
 
     One transaction under the order and payment locks; the hold's conditional
     update (`WHERE status = 'active' AND expires_at <= now`) decides a race with a
@@ -287,15 +288,15 @@ def payment_expire(*, payment_id: int) -> Payment:
     with transaction.atomic(savepoint=False):
         order, payment = _lock(payment_id)
         if payment.status != Payment.Status.AUTHORIZED or payment.hold_id is None:
-            return payment
+            return payment, False
         try:
             hold_expire(hold_id=payment.hold_id)
         except HoldNotActive:
-            return payment  # not past its expiry yet
+            return payment, False  # not past its expiry yet
         payment.expire()
         payment.save(update_fields=["status", "updated_at"])
         order_cancel(order_id=order.pk)
-    return payment
+    return payment, True
 
 
 def payments_hold_expired(*, limit: int = 500) -> list[int]:

@@ -111,9 +111,9 @@ def expire_holds() -> int:
     for payment_id in services.payments_hold_expired():
         try:
             with transaction.atomic(durable=True):
-                payment = services.payment_expire(payment_id=payment_id)
+                _, moved = services.payment_expire(payment_id=payment_id)
         except DomainError:
             logger.exception("could not expire payment %s; next beat retries", payment_id)
             continue
-        expired += payment.status == payment.Status.EXPIRED
+        expired += moved
     return expired
