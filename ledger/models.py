@@ -68,14 +68,14 @@ class Account(models.Model):
             ),
         ]
 
+    def __str__(self) -> str:
+        who = self.code or (self.owner.get_username() if self.owner else "?")
+        return f"{self.kind}:{who} ({self.currency})"
+
     @property
     def available(self) -> int:
         """What may be debited or held: the balance less the active holds."""
         return self.balance - self.held
-
-    def __str__(self) -> str:
-        who = self.code or (self.owner.get_username() if self.owner else "?")
-        return f"{self.kind}:{who} ({self.currency})"
 
     # Transitions only declare the legal edges; services save and log.
     @transition(field=status, source=Status.ACTIVE, target=Status.FROZEN)
@@ -168,6 +168,7 @@ class Hold(models.Model):
     expires_at = models.DateTimeField()
     created_at = models.DateTimeField(auto_now_add=True)
     released_at = models.DateTimeField(null=True, blank=True)
+
     class Meta:
         constraints = [
             models.CheckConstraint(

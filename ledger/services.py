@@ -17,8 +17,7 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 
 from django.contrib.auth.models import User
-from django.db import IntegrityError, transaction
-from django.db import connection
+from django.db import IntegrityError, connection, transaction
 from django.db.models import F, Q
 from django.utils import timezone
 

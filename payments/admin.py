@@ -6,12 +6,11 @@ from django.db.models import QuerySet
 from django.http import HttpRequest
 
 from ledger.admin import ReadOnlyAdmin
+from ledger.exceptions import DomainError
 from orders.admin import OrderAdmin
 from orders.models import Order
 
 from .models import Payment, ProviderEvent, Refund, Shipment
-from ledger.exceptions import DomainError
-
 from .services import payment_capture, payment_void, provider_event_redrive
 
 

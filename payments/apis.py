@@ -189,7 +189,9 @@ class PaymentVoidApi(APIView):
     def post(self, request: Request, payment_id: int) -> Response:
         self.InputSerializer(data=request.data).is_valid(raise_exception=True)
         payment = payment_get(owner=authenticated(request), payment_id=payment_id)
-        return Response(PaymentOutputSerializer(payment_void(payment_id=payment.pk)).data)
+        return Response(
+            PaymentOutputSerializer(payment_void(payment_id=payment.pk)).data
+        )
 
 
 class RefundOutputSerializer(serializers.Serializer):

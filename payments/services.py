@@ -449,6 +449,7 @@ def _lock(payment_id: int) -> tuple[Order, Payment]:
         .select_related("hold")
         .get(pk=payment_id)
     )
+    payment.order = order  # the locked row, already read
     return order, payment
 
 

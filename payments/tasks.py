@@ -113,7 +113,9 @@ def expire_holds() -> int:
             with transaction.atomic(durable=True):
                 _, moved = services.payment_expire(payment_id=payment_id)
         except DomainError:
-            logger.exception("could not expire payment %s; next beat retries", payment_id)
+            logger.exception(
+                "could not expire payment %s; next beat retries", payment_id
+            )
             continue
         expired += moved
     return expired

@@ -210,7 +210,9 @@ def test_racing_authorizations_never_hold_more_than_available(on_postgres):
     orders = [place_order(user, amount=1000) for _ in range(6)]
     results = run_in_threads(
         6,
-        lambda i: payment_authorize_with_balance(order_id=orders[i].pk, hold_seconds=60),
+        lambda i: payment_authorize_with_balance(
+            order_id=orders[i].pk, hold_seconds=60
+        ),
     )
     assert sum(isinstance(r, Payment) for r in results) == 3, results
     assert sum(isinstance(r, InsufficientFunds) for r in results) == 3, results
@@ -279,7 +281,9 @@ def test_a_captured_payment_refunds_like_any_other():
     assert money(wallet) == (5000, 0, 5000)
     assert merchant_balance() == 0
     assert order_status(order) == "refunded"
-    assert_problem(act(client, authorized["id"], "capture"), 409, "payment_not_capturable")
+    assert_problem(
+        act(client, authorized["id"], "capture"), 409, "payment_not_capturable"
+    )
     assert_ledger_ok()
 
 
@@ -314,7 +318,9 @@ def test_capture_retry_with_the_same_key_replays_and_another_key_is_refused():
 def test_capture_bad_input_is_400_and_changes_nothing(body):
     user, client, wallet = customer("alice", balance=5000)
     authorized = pay(client, place_order(user, amount=1000)).json()
-    assert_problem(act(client, authorized["id"], "capture", body), 400, "validation_error")
+    assert_problem(
+        act(client, authorized["id"], "capture", body), 400, "validation_error"
+    )
     assert money(wallet) == (5000, 1000, 4000)
     assert Payment.objects.get().status == "authorized"
 
@@ -346,7 +352,9 @@ def test_a_hold_past_its_expiry_is_not_captured_even_before_the_task_ran():
     user, client, wallet = customer("alice", balance=5000)
     authorized = pay(client, place_order(user, amount=1000)).json()
     expire_now(authorized["id"])
-    assert_problem(act(client, authorized["id"], "capture"), 409, "payment_not_capturable")
+    assert_problem(
+        act(client, authorized["id"], "capture"), 409, "payment_not_capturable"
+    )
     assert money(wallet) == (5000, 1000, 4000)
 
 
@@ -383,8 +391,12 @@ def test_void_releases_the_hold_and_cancels_the_order():
     again = act(client, authorized["id"], "void", key=key)
     assert again.json() == response.json() and again["Idempotent-Replayed"] == "true"
     assert_problem(act(client, authorized["id"], "void"), 409, "payment_not_voidable")
-    assert_problem(act(client, authorized["id"], "capture"), 409, "payment_not_capturable")
-    assert_problem(act(client, authorized["id"], "void", {"x": 1}), 400, "validation_error")
+    assert_problem(
+        act(client, authorized["id"], "capture"), 409, "payment_not_capturable"
+    )
+    assert_problem(
+        act(client, authorized["id"], "void", {"x": 1}), 400, "validation_error"
+    )
     assert money(wallet) == (5000, 0, 5000)
     assert_ledger_ok()
 
@@ -393,7 +405,9 @@ def test_void_bad_input_is_400_and_changes_nothing():
     user, client, wallet = customer("alice", balance=5000)
     authorized = pay(client, place_order(user, amount=1000)).json()
     for body in ({"amount": 5}, [], {"reason": "x"}):
-        assert_problem(act(client, authorized["id"], "void", body), 400, "validation_error")
+        assert_problem(
+            act(client, authorized["id"], "void", body), 400, "validation_error"
+        )
     assert money(wallet) == (5000, 1000, 4000)
 
 
@@ -459,7 +473,7 @@ def test_expiry_is_on_beat_at_least_every_minute(settings):
 
 def test_the_expiry_of_unpaid_orders_never_touches_an_authorized_one():
     user, _, wallet = customer("alice", balance=5000)
-    order, payment = authorize(user, 1000)
+    order, _ = authorize(user, 1000)
     Order.objects.filter(pk=order.pk).update(
         created_at=timezone.now() - timedelta(days=30)
     )
