@@ -635,3 +635,20 @@ def test_check_ledger_catches_a_payment_out_of_step_with_its_hold():
     Payment.objects.filter(pk=payment.pk).update(status="voided")
     violations = ledger_report()["violations"]
     assert violations == [f"payment {payment.pk} is voided but its hold is active"]
+
+
+def test_the_web_shows_an_authorized_order_and_what_the_wallet_holds(client):
+    user, api, _ = customer("alice", balance=5000)
+    order = place_order(user, amount=1200)
+    pay(api, order)
+    client.force_login(user)
+    page = client.get(f"/orders/{order.merchant_order_no}").content.decode()
+    assert 'data-status="authorized"' in page and 'id="held-note"' in page
+    assert f"/orders/{order.merchant_order_no}/cancel" in page
+    assert 'id="pay"' not in page
+    account = client.get("/account").content.decode()
+    assert "held by authorized payments" in account
+    zh = client.get(
+        f"/orders/{order.merchant_order_no}", headers={"Accept-Language": "zh-hans"}
+    ).content.decode()
+    assert "已授权" in zh and "取消订单即可释放" in zh
