@@ -5,7 +5,9 @@ wallet's `balance`, `held` and `available`, the merchant's balance, and every
 invariant `check_ledger` proves.
 """
 
+import json
 from datetime import timedelta
+from io import StringIO
 
 import pytest
 from django.db import connection, transaction
@@ -652,3 +654,70 @@ def test_the_web_shows_an_authorized_order_and_what_the_wallet_holds(client):
         f"/orders/{order.merchant_order_no}", headers={"Accept-Language": "zh-hans"}
     ).content.decode()
     assert "已授权" in zh and "取消订单即可释放" in zh
+
+
+# Admin and check_ledger ---------------------------------------------------------
+
+
+def _admin_action(admin_client, action: str, *pks: int) -> list[str]:
+    response = admin_client.post(
+        "/admin/payments/payment/",
+        {"action": action, "_selected_action": list(pks)},
+        follow=True,
+    )
+    assert response.status_code == 200
+    return [str(m) for m in response.context["messages"]]
+
+
+def test_the_admin_captures_and_voids_once_per_click(admin_client):
+    user, _, wallet = customer("alice", balance=5000)
+    captured_order, to_capture = authorize(user, 1000)
+    voided_order, to_void = authorize(user, 700)
+    assert _admin_action(admin_client, "capture", to_capture.pk) == [
+        "1 captured, 0 skipped."
+    ]
+    messages = _admin_action(admin_client, "capture", to_capture.pk)  # a second click
+    assert messages[-1] == "0 captured, 1 skipped."
+    assert "only an authorized payment can be captured" in messages[0]
+    assert _admin_action(admin_client, "void", to_void.pk, to_capture.pk)[-1] == (
+        "1 voided, 1 skipped."
+    )
+    assert _admin_action(admin_client, "void", to_void.pk)[-1] == "0 voided, 1 skipped."
+    assert money(wallet) == (4000, 0, 4000)
+    assert merchant_balance() == 1000
+    assert (order_status(captured_order), order_status(voided_order)) == (
+        "paid",
+        "cancelled",
+    )
+    assert JournalEntry.objects.filter(kind="payment").count() == 1
+    assert_ledger_ok()
+
+
+def test_the_admin_cancelling_an_authorized_order_voids_its_hold(admin_client):
+    user, _, wallet = customer("alice", balance=5000)
+    order, payment = authorize(user, 1000)
+    admin_client.post(
+        "/admin/orders/order/", {"action": "cancel", "_selected_action": [order.pk]}
+    )
+    assert order_status(order) == "cancelled"
+    payment.refresh_from_db()
+    assert payment.status == "voided"
+    assert money(wallet) == (5000, 0, 5000)
+
+
+def test_check_ledger_exits_1_when_held_is_corrupted():
+    from django.core.management import CommandError, call_command
+
+    user, _, wallet = customer("alice", balance=5000)
+    authorize(user, 1000)
+    call_command("check_ledger", stdout=StringIO(), stderr=StringIO())
+    with connection.cursor() as cursor:
+        cursor.execute("UPDATE ledger_account SET held = 0 WHERE id = %s", [wallet.pk])
+    out = StringIO()
+    with pytest.raises(CommandError) as failed:
+        call_command("check_ledger", stdout=out, stderr=StringIO())
+    assert failed.value.returncode == 1
+    report = json.loads(out.getvalue())
+    assert report["violations"] == [
+        f"account {wallet.pk} held 0 != sum of its active holds 1000"
+    ]
