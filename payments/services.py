@@ -234,6 +234,10 @@ def payment_capture(*, payment_id: int, amount: int | None = None) -> Payment:
         )
         if not order_mark_captured(order_id=order.pk):  # pragma: no cover - locked
             raise OrderAlreadyPaid()
+        # The locked row, moved in memory along the edge its row just took, serves
+        # the answer: no second read of the order.
+        order.capture()
+        payment.order = order
     return payment
 
 
@@ -449,7 +453,6 @@ def _lock(payment_id: int) -> tuple[Order, Payment]:
         .select_related("hold")
         .get(pk=payment_id)
     )
-    payment.order = order  # the locked row, already read
     return order, payment
 
 
