@@ -41,12 +41,13 @@ class AccountAdmin(admin.ModelAdmin):
         "code",
         "currency",
         "balance",
+        "held",
         "version",
         "status",
     )
     list_filter = ("kind", "status", "currency")
     search_fields = ("owner__username", "code")
-    readonly_fields = ("balance", "version", "status", "created_at")
+    readonly_fields = ("balance", "held", "version", "status", "created_at")
     fields = ("owner", "code", "kind", "currency", *readonly_fields)
     actions = ("freeze", "unfreeze", "close")
 

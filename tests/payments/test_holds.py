@@ -721,3 +721,48 @@ def test_check_ledger_exits_1_when_held_is_corrupted():
     assert report["violations"] == [
         f"account {wallet.pk} held 0 != sum of its active holds 1000"
     ]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_authorize_racing_cancel_never_leaves_money_held(on_postgres):
+    user, _, wallet = customer("alice", balance=100_000)
+    for _ in range(4):
+        order = place_order(user, amount=1000)
+
+        def work(i: int, order_id=order.pk):
+            if i == 0:
+                return order_cancel(order_id=order_id)
+            return payment_authorize_with_balance(order_id=order_id, hold_seconds=60)
+
+        run_in_threads(2, work)
+        # Whichever came first, the order ends cancelled and nothing stays held:
+        # a cancel after the authorization voids it.
+        assert order_status(order) == "cancelled"
+        assert set(order.payments.values_list("status", flat=True)) <= {"voided"}
+    assert money(wallet) == (100_000, 0, 100_000)
+    assert_ledger_ok()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_authorize_racing_the_unpaid_order_expiry_agree(on_postgres):
+    user, _, wallet = customer("alice", balance=100_000)
+    for _ in range(4):
+        order = place_order(user, amount=1000)
+        Order.objects.filter(pk=order.pk).update(
+            created_at=timezone.now() - timedelta(days=2)
+        )
+
+        def work(i: int, order_id=order.pk):
+            if i == 0:
+                return order_cancel_expired(older_than_seconds=DAY)
+            return payment_authorize_with_balance(order_id=order_id, hold_seconds=60)
+
+        cancelled, authorized = run_in_threads(2, work)
+        if order_status(order) == "authorized":
+            assert isinstance(authorized, Payment) and cancelled == 0
+        else:
+            assert order_status(order) == "cancelled" and cancelled == 1
+            assert not order.payments.exists()
+    _, held, _ = money(wallet)
+    assert held == 1000 * Payment.objects.filter(status="authorized").count()
+    assert_ledger_ok()
