@@ -5,7 +5,7 @@ from django.http import HttpRequest
 from django_fsm import TransitionNotAllowed
 
 from . import services
-from .models import Account, JournalEntry, Posting
+from .models import Account, Hold, JournalEntry, Posting
 
 
 class ReadOnlyAdmin(admin.ModelAdmin):
@@ -93,3 +93,23 @@ class PostingAdmin(ReadOnlyAdmin):
     list_display = ("id", "entry", "account", "amount")
     list_select_related = ("entry", "account")
     search_fields = ("entry__reference",)
+
+
+@admin.register(Hold)
+class HoldAdmin(ReadOnlyAdmin):
+    """Holds move only through their services (the payment's capture and void, in
+    the Payments admin, and the expiry): read-only here."""
+
+    list_display = (
+        "id",
+        "account",
+        "amount",
+        "status",
+        "reference",
+        "expires_at",
+        "created_at",
+        "released_at",
+    )
+    list_filter = ("status",)
+    search_fields = ("reference", "account__owner__username")
+    list_select_related = ("account", "account__owner")

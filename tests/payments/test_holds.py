@@ -766,3 +766,18 @@ def test_authorize_racing_the_unpaid_order_expiry_agree(on_postgres):
     _, held, _ = money(wallet)
     assert held == 1000 * Payment.objects.filter(status="authorized").count()
     assert_ledger_ok()
+
+
+def test_holds_are_listed_read_only_in_the_admin(admin_client):
+    user, _, _ = customer("alice", balance=5000)
+    _, payment = authorize(user, 1000)
+    page = admin_client.get("/admin/ledger/hold/?status__exact=active")
+    assert (
+        page.status_code == 200 and f"hold:{payment.order_id}" in page.content.decode()
+    )
+    change = admin_client.get(f"/admin/ledger/hold/{payment.hold_id}/change/")
+    assert change.status_code == 200 and b'name="_save"' not in change.content
+    assert (
+        admin_client.get(f"/admin/payments/payment/{payment.pk}/change/").status_code
+        == 200
+    )
