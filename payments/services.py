@@ -513,7 +513,13 @@ def payment_settle(*, payment_id: int, provider_txn_id: str) -> Payment:
         if not payment.provider_txn_id:
             payment.provider_txn_id = provider_txn_id
         if not order_takes_payment(order):
-            reason = "order_already_paid" if order.is_paid else "order_cancelled"
+            reason = (
+                "order_already_paid"
+                if order.is_paid
+                else "order_authorized"
+                if order.status == Order.Status.AUTHORIZED
+                else "order_cancelled"
+            )
             _refund_locked(order=order, payment=payment, reason=reason)
             return payment
         payment.save()

@@ -781,3 +781,24 @@ def test_holds_are_listed_read_only_in_the_admin(admin_client):
         admin_client.get(f"/admin/payments/payment/{payment.pk}/change/").status_code
         == 200
     )
+
+
+def test_a_provider_success_for_an_authorized_order_is_refunded(
+    django_capture_on_commit_callbacks,
+):
+    from payments.services import payment_settle
+    from tests.payments.helpers import pending_provider_payment
+
+    user, _, wallet = customer("alice", balance=5000)
+    order = place_order(user, amount=1000)
+    provider = pending_provider_payment(order, txn="P-1")
+    with django_capture_on_commit_callbacks() as sent, transaction.atomic():
+        payment_authorize_with_balance(order_id=order.pk, hold_seconds=DAY)
+    assert len(sent) == 1  # the open provider charge is cancelled after commit
+    with transaction.atomic():
+        settled = payment_settle(payment_id=provider.pk, provider_txn_id="P-1")
+    assert settled.status == "refunded"
+    assert settled.refund_record.reason == "order_authorized"
+    assert order_status(order) == "authorized"
+    assert money(wallet) == (5000, 1000, 4000)
+    assert_ledger_ok()
