@@ -77,20 +77,26 @@ def _refusal(
     )
 
 
-def _move(account_id: int, amount: int, currency: str, seen: int | None) -> None:
+def _move(
+    account_id: int, amount: int, currency: str, seen: int | None, release: int = 0
+) -> None:
     accounts = Account.objects.filter(pk=account_id, currency=currency)
     if seen is not None:
         accounts = accounts.filter(version=seen)
     if amount < 0:
         # Money leaves only an active account, only what no hold reserved
-        # (`balance - held >= :amt`), and never below zero unless it is the outside
-        # world.
+        # (`balance - held >= :amt`, `held` less what this entry releases), and
+        # never below zero unless it is the outside world.
         accounts = accounts.filter(status=Account.Status.ACTIVE).filter(
-            Q(balance__gte=F("held") - amount) | Q(kind=Account.Kind.EXTERNAL)
+            Q(balance__gte=F("held") - release - amount) | Q(kind=Account.Kind.EXTERNAL)
         )
     else:
         accounts = accounts.exclude(status=Account.Status.CLOSED)
-    if not accounts.update(balance=F("balance") + amount, version=F("version") + 1):
+    changes = {"balance": F("balance") + amount, "version": F("version") + 1}
+    if release:  # a captured hold: released in the same UPDATE as the debit
+        accounts = accounts.filter(held__gte=release)
+        changes["held"] = F("held") - release
+    if not accounts.update(**changes):
         raise _refusal(account_id, amount, currency, seen)
 
 
@@ -108,6 +114,7 @@ def ledger_post(
     legs: Sequence[Leg],
     description: str = "",
     seen_versions: Mapping[int, int] | None = None,
+    releases: Mapping[int, int] | None = None,
 ) -> JournalEntry:
     """Record one balanced journal entry and move the balances it names, once.
 
@@ -118,19 +125,30 @@ def ledger_post(
     twice. Balances then move by conditional UPDATEs
     in account-id order, so two transfers in opposite directions cannot deadlock.
     `seen_versions` adds `AND version = :seen` for callers that read an account first.
+    `releases` lowers an account's `held` in the same UPDATE that moves its balance
+    (a captured hold, `hold_capture`); such an entry is never a replay.
     """
     ordered = _balanced_legs(legs)
+    releases = releases or {}
+    if set(releases) - {account_id for account_id, _ in ordered}:
+        raise ValueError("a release names an account the entry does not move")
     entry = JournalEntry(
         reference=reference, kind=kind, currency=currency, description=description
     )
     if not insert_unless_exists(entry, ["reference"]):
         existing = JournalEntry.objects.get(reference=reference)
-        if not _same_movement(existing, ordered):
+        if releases or not _same_movement(existing, ordered):
             raise ReferenceConflict(reference=reference)
         return existing
     seen_versions = seen_versions or {}
     for account_id, amount in ordered:
-        _move(account_id, amount, currency, seen_versions.get(account_id))
+        _move(
+            account_id,
+            amount,
+            currency,
+            seen_versions.get(account_id),
+            releases.get(account_id, 0),
+        )
     Posting.objects.bulk_create(
         Posting(entry=entry, account_id=account_id, amount=amount)
         for account_id, amount in ordered
@@ -261,12 +279,12 @@ _BEFORE_EXPIRY = " AND expires_at > %s"
 _PAST_EXPIRY = " AND expires_at <= %s"
 
 
-def _hold_release(hold_id: int, status: str, expiry: str = "") -> Hold:
-    """Take an active hold to `status` and give its amount back to `available`.
+def _hold_close(hold_id: int, status: str, expiry: str = "") -> Hold:
+    """Take an active hold to `status`; the caller releases its amount from `held`.
 
-    The hold's change is one conditional `UPDATE ... WHERE status = 'active'
-    RETURNING ...` (plus the `expiry` condition): of two releases racing, the second
-    finds no row and raises `HoldNotActive`; only the winner lowers `held`.
+    One conditional `UPDATE ... WHERE status = 'active' RETURNING ...` (plus the
+    `expiry` condition): of two closes racing, the second finds no row and raises
+    `HoldNotActive`; only the winner goes on to lower `held`.
     """
     now = timezone.now()
     sql = (
@@ -283,11 +301,6 @@ def _hold_release(hold_id: int, status: str, expiry: str = "") -> Hold:
     if row is None:
         raise HoldNotActive(f"Hold {hold_id} is no longer active.")
     account_id, amount, reference, expires_at, created_at = row
-    released = Account.objects.filter(pk=account_id, held__gte=amount).update(
-        held=F("held") - amount
-    )
-    if not released:  # pragma: no cover - the check constraint keeps held >= 0
-        raise RuntimeError(f"account {account_id} holds less than hold {hold_id}")
     return Hold(
         pk=hold_id,
         account_id=account_id,
@@ -298,6 +311,18 @@ def _hold_release(hold_id: int, status: str, expiry: str = "") -> Hold:
         created_at=created_at,
         released_at=now,
     )
+
+
+def _hold_release(hold_id: int, status: str, expiry: str = "") -> Hold:
+    """Close an active hold without moving money and give its amount back to
+    `available` (`held = held - :amt`)."""
+    hold = _hold_close(hold_id, status, expiry)
+    released = Account.objects.filter(pk=hold.account_id, held__gte=hold.amount).update(
+        held=F("held") - hold.amount
+    )
+    if not released:  # pragma: no cover - the check constraint keeps held >= 0
+        raise RuntimeError(f"account {hold.account_id} holds less than hold {hold_id}")
+    return hold
 
 
 @transaction.atomic(savepoint=False)
@@ -315,21 +340,23 @@ def hold_capture(
     account to `destination_id`, in the caller's transaction: one journal entry.
 
     The hold moves `active -> captured` only if it is still active and not past
-    `expires_at` (else `HoldNotActive`); its amount leaves `held` before the debit,
-    whose guard then sees the money the hold reserved. The entry's unique
-    `reference` stops a second debit even if the hold's guard were bypassed.
+    `expires_at` (else `HoldNotActive`). Its whole amount leaves `held` in the same
+    UPDATE that debits the account (`held = held - :hold, balance = balance - :amt
+    WHERE balance - (held - :hold) >= :amt`), so the debit's guard sees the money
+    the hold reserved, and the accounts are still updated in id order only (no
+    deadlock with a payment or refund crossing the same two accounts). The entry's
+    unique `reference` stops a second debit even if the hold's guard were bypassed.
     """
-    hold = _hold_release(hold_id, Hold.Status.CAPTURED, _BEFORE_EXPIRY)
+    hold = _hold_close(hold_id, Hold.Status.CAPTURED, _BEFORE_EXPIRY)
     if not 0 < amount <= hold.amount:
         raise ValueError(f"a capture moves 1..{hold.amount}, not {amount}")
-    return ledger_transfer(
-        source_id=hold.account_id,
-        destination_id=destination_id,
-        amount=amount,
-        currency=currency,
+    return ledger_post(
         reference=reference,
         kind=kind,
+        currency=currency,
+        legs=[(hold.account_id, -amount), (destination_id, amount)],
         description=description,
+        releases={hold.account_id: hold.amount},
     )
 
 

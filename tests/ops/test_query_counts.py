@@ -155,7 +155,7 @@ def test_capture(alice):
     path = f"/api/v1/payments/{paid.json()['id']}/capture"
     # token, BEGIN, key lookup, the payment (owner check), then: lock the order
     # (found through the payment), lock the payment with its hold, merchant, the hold
-    # released (UPDATE ... WHERE status = 'active' RETURNING), `held` lowered, the
-    # entry, two balances and the postings; payment and order updates; key record,
-    # COMMIT. No more than a balance payment (17).
-    assert_statements(17, 200, lambda: post(client, path, {}, new_key()))
+    # closed (UPDATE ... WHERE status = 'active' RETURNING), the entry, two balances
+    # (the wallet's UPDATE also lowers `held`) and the postings; payment and order
+    # updates; key record, COMMIT. No more than a balance payment (17).
+    assert_statements(16, 200, lambda: post(client, path, {}, new_key()))

@@ -802,3 +802,33 @@ def test_a_provider_success_for_an_authorized_order_is_refunded(
     assert order_status(order) == "authorized"
     assert money(wallet) == (5000, 1000, 4000)
     assert_ledger_ok()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_captures_crossing_payments_and_refunds_never_deadlock(on_postgres):
+    # The shop's account first, so its id is below the wallet's: a payment or a
+    # refund then updates the merchant before the wallet. A capture releasing the
+    # hold on the wallet before touching the merchant would deadlock with them.
+    merchant_account(currency="CNY")
+    user, _, wallet = customer("alice", balance=1_000_000)
+    for _ in range(3):
+        holds = [authorize(user, 1000)[1] for _ in range(3)]
+        paid = [place_order(user, amount=500) for _ in range(3)]
+        refunded = [
+            payment_pay_with_balance(order_id=place_order(user).pk) for _ in range(3)
+        ]
+
+        def work(i: int, holds=holds, paid=paid, refunded=refunded):
+            from payments.services import payment_refund
+
+            kind, n = divmod(i, 3)
+            if kind == 0:
+                return payment_capture(payment_id=holds[n].pk)
+            if kind == 1:
+                return payment_pay_with_balance(order_id=paid[n].pk)
+            return payment_refund(payment_id=refunded[n].pk)
+
+        results = run_in_threads(9, work)
+        assert not [r for r in results if isinstance(r, Exception)], results
+    assert money(wallet)[1] == 0
+    assert_ledger_ok()
