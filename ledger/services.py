@@ -378,7 +378,7 @@ def wallet_top_up(*, account_id: int, at_least: int) -> JournalEntry | None:
     we decided on, so two concurrent top-ups cannot both deposit the difference.
     """
     account = Account.objects.select_for_update().get(pk=account_id)
-    missing = at_least - account.available
+    missing = at_least - account.balance
     if missing <= 0:
         return None
     return ledger_deposit(
