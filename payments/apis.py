@@ -26,6 +26,8 @@ from orders.selectors import order_get
 from .models import Payment
 from .selectors import payment_get
 from .services import (
+    HOLD_SECONDS_MAX,
+    HOLD_SECONDS_MIN,
     payment_authorize_with_balance,
     payment_capture,
     payment_pay_with_balance,
@@ -51,11 +53,6 @@ class PaymentOutputSerializer(serializers.Serializer):
     # Manual capture: what the hold reserved and until when (null otherwise).
     authorized_amount = serializers.IntegerField(allow_null=True)
     expires_at = serializers.DateTimeField(source="hold.expires_at", allow_null=True)
-
-
-# How long a hold may last: a minute to thirty days.
-HOLD_SECONDS_MIN = 60
-HOLD_SECONDS_MAX = 30 * 86400
 
 
 def _pays_with_provider(request: Request) -> bool:

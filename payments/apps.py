@@ -11,7 +11,7 @@ class PaymentsConfig(AppConfig):
         from ledger.metrics import register_scrape_collector
         from orders.services import order_releaser
 
-        from . import invariants  # noqa: F401
+        from . import checks, invariants  # noqa: F401
         from .metrics import InboxDepthCollector
         from .services import payment_void_for_order
 

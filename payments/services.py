@@ -135,6 +135,12 @@ def payment_pay_with_balance(*, order_id: int) -> Payment:
     return payment
 
 
+# How long a hold may last: a minute to thirty days (the API's `hold_seconds`, and
+# HOLD_TTL_SECONDS, checked at start-up).
+HOLD_SECONDS_MIN = 60
+HOLD_SECONDS_MAX = 30 * 86400
+
+
 def hold_reference(order: Order) -> str:
     """The reference of an order's hold: one authorization per order."""
     return f"hold:{order.pk}"
