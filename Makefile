@@ -5,7 +5,7 @@ BIN := $(CURDIR)/$(VENV)/bin
 PORT ?= 8000
 export PATH := $(BIN):$(PATH)
 
-.PHONY: install install-dev run worker beat test lint migrate bench bench-idempotency chaos profile
+.PHONY: install install-dev run worker beat test lint migrate bench bench-idempotency chaos chaos-cluster profile
 
 $(VENV)/.installed-run: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -81,3 +81,11 @@ bench: install-dev
 
 chaos: install-dev
 	$(BIN)/python bench/load.py --chaos $(BENCH_ARGS)
+
+# The chaos run across several app hosts (bench/cluster.py): 3 hosts with their own
+# hostname and filesystem (gunicorn + Celery worker each, beat on two, one clock 3
+# minutes ahead), nginx, a Redis Cluster (3 primaries, 3 replicas), RabbitMQ; hosts,
+# a Redis primary, the beat host and RabbitMQ are killed or restarted during the load.
+# Needs root (unshare), nginx, RabbitMQ on 127.0.0.1:5672 and libfaketime.
+chaos-cluster: install-dev
+	$(BIN)/python bench/cluster.py $(BENCH_ARGS)

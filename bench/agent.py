@@ -150,6 +150,9 @@ class Agent:
     def run_intent(self, n: int) -> None:
         intent = f"{self.args.agent}-{n}"
         amount = 100 + (n * 7919 + len(self.args.agent) * 31) % 4900
+        if self.args.peer and n % 4 == 3:
+            self.run_transfer(intent, amount // 10)
+            return
         method = "provider" if n % 3 == 2 else "balance"
         emit(ev="start", intent=intent, method=method, amount=amount)
         try:
@@ -175,6 +178,21 @@ class Agent:
         if method == "provider" and paid.status_code == 201:
             confirm_on_pay_page(paid.json()["pay_url"])
         emit(ev="done", intent=intent, order=order_no, status=paid.status_code)
+
+    def run_transfer(self, intent: str, amount: int) -> None:
+        """Send money to the peer agent's customer. The money step is named `pay`,
+        as a payment's, so the kill before reading its reply and the verdict's one
+        movement or none treat both alike."""
+        emit(ev="start", intent=intent, method="transfer", amount=amount)
+        body = {"to": self.args.peer, "amount": amount, "currency": "CNY"}
+        try:
+            sent = self.send(
+                intent, "pay", "/api/v1/transfers", {**body, "description": intent}
+            )
+        except OutcomeUnknown as exc:
+            emit(ev="unknown", intent=intent, detail=str(exc))
+            return
+        emit(ev="done", intent=intent, order="", status=sent.status_code)
 
 
 def confirm_on_pay_page(pay_url: str) -> None:
@@ -214,6 +232,7 @@ def main() -> int:
     parser.add_argument("--concurrent", type=float, default=0.3)
     parser.add_argument("--doom", default="", help="pay intents to stop at")
     parser.add_argument("--client-deadline", type=float, default=30)
+    parser.add_argument("--peer", default="", help="every 4th intent: send it money")
     args = parser.parse_args()
 
     agent = Agent(args)

@@ -15,7 +15,8 @@ The run, start to end (nothing is mocked; see bench/stack.py for the processes):
    without the idempotency layer and with it, from 8 clients straight to gunicorn.
 3. Load: `--clients` agent processes (bench/agent.py, the shipped IdempotentClient)
    each run intents (pre-order, order, pay with the balance or the provider, confirm
-   on the pay page) for `--seconds`; every step is retried `--retries` times with its
+   on the pay page; every fourth intent a transfer to the next agent's customer) for
+   `--seconds`; every step is retried `--retries` times with its
    key, sometimes twice at the same instant. Some agents are SIGKILLed after a pay
    request's reply arrived and before they read it, then started again on the same
    intents.
@@ -130,6 +131,7 @@ class AgentRun:
     store: Path
     doomed: set[int]
     process: subprocess.Popen | None = None
+    peer: str = ""  # the customer its transfer intents send money to
     current: int = 0  # the intent number it is working on
     starts: int = 0
     exited: bool = False
@@ -145,8 +147,16 @@ class Tally:
 class Load:
     """The agents, the chaos and the bookkeeping of everything they report."""
 
-    def __init__(self, args: argparse.Namespace, stack: Stack, proxy: CuttingProxy):
+    def __init__(
+        self,
+        args: argparse.Namespace,
+        stack: Stack,
+        proxy: CuttingProxy,
+        chaos: "type[Chaos] | None" = None,
+    ):
         self.args, self.stack, self.proxy = args, stack, proxy
+        self.chaos = chaos or Chaos
+        self.chaos_run: Chaos | None = None
         self.rng = random.Random(args.seed)
         self.events: queue.Queue[tuple[AgentRun, dict]] = queue.Queue()
         self.intents: dict[str, Intent] = {}
@@ -170,6 +180,8 @@ class Load:
             agent.name,
             "--retries",
             str(self.args.retries),
+            "--peer",
+            agent.peer,
         ]
         if only is not None:
             argv += ["--only", ",".join(map(str, only))]
@@ -293,9 +305,12 @@ class Load:
                 store=self.stack.workdir / f"agent-a{n}.sqlite3",
                 doomed=doomed,
             )
+            if len(customers) > 1:  # each sends transfers to the next one's customer
+                agent.peer = customers[(n + 1) % len(customers)]["username"]
             self.agents.append(agent)
             self.spawn_agent(agent)
-        chaos = Chaos(self) if self.args.chaos else None
+        chaos = self.chaos(self) if self.args.chaos else None
+        self.chaos_run = chaos
         if chaos:
             self.proxy.cutting = True
         started = time.monotonic()
@@ -352,14 +367,17 @@ class Chaos:
         "redis_restart": 25.0,
     }
 
+    # The rare, slow events happen at least once, early enough to matter: first at
+    # these fractions of the load's duration.
+    FIRST = {"celery_worker_node": 0.3, "redis_restart": 0.5}
+
     def __init__(self, load: Load) -> None:
         self.load = load
         self.rng = load.rng
         now = time.monotonic()
         self.next = {kind: now + self._gap(kind) for kind in self.PERIODS}
-        # The rare, slow events happen at least once, early enough to matter.
-        self.next["celery_worker_node"] = now + load.args.seconds * 0.3
-        self.next["redis_restart"] = now + load.args.seconds * 0.5
+        for kind, fraction in self.FIRST.items():
+            self.next[kind] = now + load.args.seconds * fraction
 
     def _gap(self, kind: str) -> float:
         return self.rng.uniform(0.5, 1.5) * self.PERIODS[kind]
@@ -424,6 +442,7 @@ def summary(
     verdict: dict,
     ledger: tuple[bool, dict],
     total_seconds: float,
+    logs: list[Path] | None = None,
 ) -> dict[str, Any]:
     requests = load.tally.requests
     answered = sorted(ms for _, status, ms, _ in requests if status)
@@ -439,7 +458,9 @@ def summary(
     in_flight = sum(1 for _, status, _, _ in requests if status == 409)
     broken = sum(1 for _, status, _, _ in requests if status == 0)
     steps = sum(len(i.answers) for i in load.intents.values())
-    callbacks_200 = callback_acks(load.stack.workdir / "gunicorn.log")
+    # gunicorn's request logs, where it answered the provider's callbacks.
+    logs = logs or [load.stack.workdir / "gunicorn.log"]
+    callbacks_200 = sum(callback_acks(log) for log in logs)
     duplicate_callbacks = max(
         0,
         callbacks_200

@@ -12,11 +12,14 @@ pyinstrument and prints the call tree, so a slow frame has a name. Usage:
 Scenarios: each write endpoint without the layer (`-bare`: no key; the benchmark
 settings make the key optional) and as a first execution (`-first`: a new key each):
 a pre-order, an order, a payment from the balance; and a pre-order replayed
-(`preorder-replay`). What it found and what was removed is in the README ("Where the
-time goes").
+(`preorder-replay`); a transfer and a batch of 100 transfers to 100 customers
+(`transfer-first`, `transfer-batch-first`: a batch must cost at most 5 times one
+transfer, and the last line says what it does). What it found and what was removed
+is in the README ("Where the time goes").
 """
 
 import argparse
+import json
 import os
 import statistics
 import sys
@@ -46,6 +49,8 @@ SCENARIOS = (
     "order-first",
     "pay-bare",
     "pay-first",
+    "transfer-first",
+    "transfer-batch-first",
 )
 
 
@@ -106,6 +111,14 @@ def scenarios() -> dict[str, Scenario]:
             '"currency": "CNY", "description": "Tea"}'
         )
 
+    recipients = [f"profile-r{n}" for n in range(100)]
+    for name in recipients:
+        customer_get_or_create(username=name, currency="CNY")
+    one = '{"to": "profile-r0", "amount": 1, "currency": "CNY"}'
+    batch = json.dumps(
+        {"transfers": [{"to": n, "amount": 1, "currency": "CNY"} for n in recipients]}
+    )
+
     preorders, orders = "/api/v1/preorders", "/api/v1/orders"
     post(preorders, "{}", f"{run}-replayed")
     return {
@@ -128,6 +141,12 @@ def scenarios() -> dict[str, Scenario]:
                 f"{orders}/{no}/pay", '{"method": "balance"}', f"{run}-pay{no}"
             ),
             order,
+        ),
+        "transfer-first": Scenario(
+            lambda key: post("/api/v1/transfers", one, key), lambda i: f"{run}-t{i}"
+        ),
+        "transfer-batch-first": Scenario(
+            lambda key: post("/api/v1/transfers", batch, key), lambda i: f"{run}-b{i}"
         ),
     }
 
@@ -183,6 +202,8 @@ def main() -> int:
         # Without the layer over with it: the throughput ratio when CPU-bound.
         bare = cpu_of.get(name.rsplit("-", 1)[0] + "-bare", cpu)
         print(f"{name:<20}{cpu:>16.3f}{statements[name]:>16}{bare / cpu:>10.2f}")
+    batch_cost = cpu_of["transfer-batch-first"] / cpu_of["transfer-first"]
+    print(f"a batch of 100 transfers costs {batch_cost:.2f}x one transfer (at most 5)")
     sampled = found[args.tree]
     arguments = [sampled.prepare(10**6 + i) for i in range(args.requests)]
     profiler = Profiler(interval=0.0005)

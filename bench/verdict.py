@@ -41,6 +41,22 @@ def pay_status(intent: Intent) -> int | None:
     return answers[0][0] if answers else None
 
 
+def judge_transfer(intent: Intent, moved: list[tuple]) -> str:
+    """A transfer intent: one transfer if it was answered 201, none otherwise.
+    Answers "" when it holds, else what went wrong ("double" and "lost" are
+    counted as such)."""
+    status = pay_status(intent)
+    if status is None:
+        return "lost"
+    if len(moved) > 1:
+        return "double"
+    if status == 201 and len(moved) != 1:
+        return "lost"
+    if status != 201 and moved:
+        return f"answered {status} but money moved"
+    return ""
+
+
 def check_answers(intent: Intent) -> list[str]:
     """Every answer to a step is the first answer, byte for byte."""
     problems = []
@@ -75,6 +91,12 @@ def database_facts(dsn: str) -> dict[str, Any]:
         payments = _rows(
             conn, "SELECT id, order_id, method, status, amount FROM payments_payment"
         )
+        transfers = _rows(
+            conn,
+            "SELECT t.description, s.username, r.username, t.amount"
+            " FROM ledger_transfer t JOIN auth_user s ON s.id = t.sender_id"
+            " JOIN auth_user r ON r.id = t.recipient_id",
+        )
         entries = _rows(
             conn, "SELECT reference FROM ledger_journalentry WHERE kind <> 'deposit'"
         )
@@ -104,6 +126,7 @@ def database_facts(dsn: str) -> dict[str, Any]:
     return {
         "orders": orders,
         "payments": payments,
+        "transfers": transfers,
         "references": [ref for (ref,) in entries],
         "accounts": accounts,
         "processing": processing,
@@ -160,8 +183,21 @@ def judge(
     double_debits = lost = 0
     outcomes: Counter[str] = Counter()
     spent: Counter[str] = Counter()
+    transfers_of: dict[str, list[tuple]] = defaultdict(list)
+    received: Counter[str] = Counter()
+    for transfer in facts["transfers"]:
+        transfers_of[transfer[0]].append(transfer)
+        spent[transfer[1]] += transfer[3]
+        received[transfer[2]] += transfer[3]
     for intent in intents.values():
         violations += check_answers(intent)
+        if intent.method == "transfer":
+            problem = judge_transfer(intent, transfers_of.get(intent.name, []))
+            double_debits += problem == "double"
+            lost += problem == "lost"
+            violations += [f"{intent.name}: {problem}"] if problem else []
+            outcomes[f"transfer {pay_status(intent)}"] += 1
+            continue
         orders = orders_of.get(intent.name, [])
         if len(orders) > 1:
             violations.append(f"{intent.name}: {len(orders)} orders")
@@ -199,7 +235,8 @@ def judge(
     balances = {(kind, user): balance for kind, user, balance in facts["accounts"]}
     drift = 0
     for customer, opened in opening.items():
-        drift += abs(balances.get(("wallet", customer), 0) - (opened - spent[customer]))
+        expected = opened - spent[customer] + received[customer]
+        drift += abs(balances.get(("wallet", customer), 0) - expected)
     settled = sum(
         p[4] for p in facts["payments"] if p[3] == "succeeded"
     )  # balance and provider payments alike end at the merchant

@@ -5,6 +5,7 @@ them); a mistyped mode must not silently fall back to something else.
 """
 
 from typing import Any
+from urllib.parse import urlsplit
 
 from django.conf import settings
 from django.core import checks
@@ -30,4 +31,9 @@ def idempotency_settings(**kwargs: Any) -> list[checks.CheckMessage]:
         refuse("IDEMPOTENCY_REDIS_FAILURE", f"must be one of {REDIS_FAILURE}", 3)
     if any(mode not in MODES for mode in settings.IDEMPOTENCY_ENDPOINTS.values()):
         refuse("IDEMPOTENCY_ENDPOINTS", f"each mode must be one of {MODES}", 4)
+    if settings.REDIS_CLUSTER:
+        url = urlsplit(settings.REDIS_URL)  # a cluster has only database 0
+        if url.scheme not in ("redis", "rediss") or url.path not in ("", "/", "/0"):
+            why = "a Redis Cluster needs REDIS_URL=redis://<a node>:<port>/0"
+            refuse("REDIS_URL", f"{why} (REDIS_CLUSTER is set)", 5)
     return errors

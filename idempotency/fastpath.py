@@ -10,6 +10,13 @@ or report who holds it) and `finish` (cache the response, release our lock). The
 is usually made by the replay middleware, before Django authenticates the caller
 (`begin_for_credential`); the engine adopts the lock it took. Only a caller Redis does
 not know yet pays for the engine's own `begin`.
+
+On a Redis Cluster (`REDIS_CLUSTER`) every script run touches only keys it is given,
+all in one hash slot: a key's lock, cached response and channel share the hash tag
+`{<key digest>:<scope>}`. What a cluster cannot do in one script costs a second round
+trip there: the middleware's begin first reads the caller's scope, then begins; a
+finish that remembers the caller's credential (a key in another slot) writes it
+separately. A single Redis keeps the one-trip scripts.
 """
 
 import contextlib
@@ -23,8 +30,9 @@ from typing import Any
 
 import redis as redis_lib
 from redis.commands.core import Script
+from redis.exceptions import RedisClusterException
 
-from .redis import get_redis
+from .redis import Client, get_redis, is_cluster
 from .responses import StoredResponse
 
 logger = logging.getLogger(__name__)
@@ -38,40 +46,51 @@ if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return {2} end
 return {3}
 """
 
-# KEYS: lock, response, credential. ARGV: token, response or '', cache ms, scope,
-# credential ms, revoked mark, done channel. Only the holder deletes the lock: one
+# KEYS: lock, response[, credential]. ARGV: token, response or '', cache ms, done
+# channel[, scope, credential ms, revoked mark]. Only the holder deletes the lock: one
 # whose lease ran out must not free a successor's. The lock goes first: a write that
 # fails (Redis out of memory) stops the script, and must not leave the key locked for
-# a whole lease. A cache time of 0 caches nothing. The credential entry lets
-# `begin_for_credential` find this caller's scope; a revoked credential's mark is
+# a whole lease. A cache time of 0 caches nothing. The credential entry, when given,
+# lets `begin_for_credential` find this caller's scope; a revoked credential's mark is
 # never overwritten (the request may have been authenticated before the revocation).
 # Last, the finish is announced on the key's channel to anyone waiting (`Prefer:
-# wait`); with no subscriber that costs nothing.
+# wait`); with no subscriber that costs nothing. (On a cluster the credential, in
+# another hash slot, is left to `_REMEMBER`, and every node relays the announcement.)
 _FINISH = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('DEL', KEYS[1]) end
 if ARGV[2] ~= '' and tonumber(ARGV[3]) > 0 then
   redis.call('SET', KEYS[2], ARGV[2], 'PX', ARGV[3])
 end
-if KEYS[3] ~= '' and redis.call('GET', KEYS[3]) ~= ARGV[6] then
-  redis.call('SET', KEYS[3], ARGV[4], 'PX', ARGV[5])
+if #KEYS == 3 and redis.call('GET', KEYS[3]) ~= ARGV[7] then
+  redis.call('SET', KEYS[3], ARGV[5], 'PX', ARGV[6])
 end
-redis.call('PUBLISH', ARGV[7], '1')
+redis.call('PUBLISH', ARGV[4], '1')
 return 1
 """
 
-# KEYS: credential. ARGV: key hash, token, lease ms, lock prefix, response prefix,
-# revoked mark. `_BEGIN` for a caller known only by a digest of its credential.
-# Returns {0} (unknown or revoked caller) or `_BEGIN`'s answer with the caller's scope
-# appended: {1, cached, scope} | {2, scope} | {3, scope}.
-# (It names keys from the first key's value, which a Redis Cluster would refuse; this
-# project runs a single Redis, where one round trip is the point.)
+# KEYS: credential. ARGV: scope, credential ms, revoked mark. `_FINISH`'s credential
+# entry, on its own: a Redis Cluster's second round trip of a finish.
+_REMEMBER = """
+if redis.call('GET', KEYS[1]) ~= ARGV[3] then
+  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+end
+return 1
+"""
+
+# A single Redis: the scope read and `_BEGIN` in one round trip. KEYS: credential.
+# ARGV: key digest, token, lease ms, revoked mark. Returns {0} (unknown or revoked
+# caller) or `_BEGIN`'s answer with the caller's scope appended: {1, cached, scope} |
+# {2, scope} | {3, scope}. It names keys after the value it read (see `_names`),
+# which a Redis Cluster refuses: there `begin_for_credential` makes two round trips.
 _BEGIN_FOR_CREDENTIAL = """
 local scope = redis.call('GET', KEYS[1])
-if not scope or scope == ARGV[6] then return {0} end
-local cached = redis.call('GET', ARGV[5] .. scope .. ':' .. ARGV[1])
+if not scope or scope == ARGV[4] then return {0} end
+local tag = 'idem:{' .. ARGV[1] .. ':' .. scope .. '}:'
+local cached = redis.call('GET', tag .. 'resp')
 if cached then return {1, cached, scope} end
-local lock = ARGV[4] .. scope .. ':' .. ARGV[1]
-if redis.call('SET', lock, ARGV[2], 'NX', 'PX', ARGV[3]) then return {2, scope} end
+if redis.call('SET', tag .. 'lock', ARGV[2], 'NX', 'PX', ARGV[3]) then
+  return {2, scope}
+end
 return {3, scope}
 """
 
@@ -102,19 +121,23 @@ class FastPath:
         return self.available and (self.scope, self.key) == (scope, key)
 
 
+@dataclass(frozen=True)
+class _Scripts:
+    begin: Script
+    finish: Script
+    remember: Script
+    begin_for_credential: Script
+
+
 @cache
-def _scripts(client: redis_lib.Redis) -> tuple[Script, Script, Script]:
+def _scripts(client: Client) -> _Scripts:
     """The scripts, sent by SHA (EVALSHA) after the first call on a server."""
-    return (
+    return _Scripts(
         client.register_script(_BEGIN),
         client.register_script(_FINISH),
+        client.register_script(_REMEMBER),
         client.register_script(_BEGIN_FOR_CREDENTIAL),
     )
-
-
-LOCK_PREFIX, RESPONSE_PREFIX = "idem:lock:", "idem:resp:"
-# A request that finishes publishes on its key's channel, for `Prefer: wait`.
-DONE_PREFIX = "idem:done:"
 
 
 def _key_hash(key: str) -> str:
@@ -122,14 +145,24 @@ def _key_hash(key: str) -> str:
     return hashlib.sha256(key.encode()).hexdigest()[:40]
 
 
+def _names(scope: str, key: str) -> tuple[str, str, str]:
+    """The key's lock, cached response and finish channel: `idem:{<digest>:<scope>}:`
+    then `lock`, `resp`, `done`. The part in braces is the hash tag a Redis Cluster
+    places them by, so one script may touch them together. It is never empty (the
+    digest is hex; a brace in the scope only shortens it), and the same for the
+    three, which share everything up to the closing brace."""
+    tag = f"idem:{{{_key_hash(key)}:{scope}}}:"
+    return f"{tag}lock", f"{tag}resp", f"{tag}done"
+
+
 def _outcome(scope: str, key: str, token: str, reply: Any) -> FastPath:
     """A begin script's answer, {1, cached} | {2} | {3}, for the key in `scope`."""
-    digest = _key_hash(key)
+    lock_key, response_key, _ = _names(scope, key)
     fast = FastPath(
         available=True,
         token=token,
-        lock_key=f"{LOCK_PREFIX}{scope}:{digest}",
-        response_key=f"{RESPONSE_PREFIX}{scope}:{digest}",
+        lock_key=lock_key,
+        response_key=response_key,
         scope=scope,
         key=key,
     )
@@ -149,6 +182,10 @@ def credential_digest(authorization: str | None) -> str:
     return hashlib.sha256(authorization.encode()).hexdigest()[:40]
 
 
+def _credential_key(credential: str) -> str:
+    return f"{CREDENTIAL_PREFIX}{credential}"
+
+
 def begin(scope: str, key: str, lease_ms: int) -> FastPath:
     """Replay from the cache, or take the lock, or learn who holds it.
 
@@ -158,11 +195,14 @@ def begin(scope: str, key: str, lease_ms: int) -> FastPath:
     client = get_redis()
     if client is None:
         return FastPath(available=False)
-    token, digest = secrets.token_hex(8), _key_hash(key)
-    begin_script, _, _ = _scripts(client)
-    reply: Any = begin_script(
-        keys=[f"{LOCK_PREFIX}{scope}:{digest}", f"{RESPONSE_PREFIX}{scope}:{digest}"],
-        args=[token, lease_ms],
+    return _begin(client, scope, key, lease_ms)
+
+
+def _begin(client: Client, scope: str, key: str, lease_ms: int) -> FastPath:
+    token = secrets.token_hex(8)
+    lock_key, response_key, _ = _names(scope, key)
+    reply: Any = _scripts(client).begin(
+        keys=[lock_key, response_key], args=[token, lease_ms]
     )
     return _outcome(scope, key, token, reply)
 
@@ -172,16 +212,26 @@ def begin_for_credential(credential: str, key: str, lease_ms: int) -> FastPath |
     authenticated it: the token maps to the scope the engine last saw it use (see
     `finish`). None for a caller Redis does not know (or when Redis fails): the engine
     then makes its own `begin`.
+
+    One round trip on a single Redis; two on a cluster, where the caller's scope is
+    read first (a token revoked between the two is answered as if its request had
+    come a moment earlier, as one the database authenticated just before would be).
     """
-    client = get_redis()
-    if client is None or not credential:
+    if not credential:
         return None
-    token, digest = secrets.token_hex(8), _key_hash(key)
-    _, _, begin_script = _scripts(client)
     try:
-        reply: Any = begin_script(
-            keys=[f"{CREDENTIAL_PREFIX}{credential}"],
-            args=[digest, token, lease_ms, LOCK_PREFIX, RESPONSE_PREFIX, REVOKED],
+        client = get_redis()
+        if client is None:
+            return None
+        if is_cluster():
+            scope: Any = client.get(_credential_key(credential))
+            if scope is None or scope == REVOKED.encode():
+                return None
+            return _begin(client, scope.decode(), key, lease_ms)
+        token = secrets.token_hex(8)
+        reply: Any = _scripts(client).begin_for_credential(
+            keys=[_credential_key(credential)],
+            args=[_key_hash(key), token, lease_ms, REVOKED],
         )
     except redis_lib.RedisError:
         return None
@@ -201,33 +251,29 @@ def finish(
     """Cache the finished response (if any) and release our lock; best effort.
 
     A finished response also maps the caller's credential to its scope, which is how
-    `begin_for_credential` knows the caller next time.
+    `begin_for_credential` knows the caller next time (on a cluster, in a second
+    round trip: the credential's key lives in another hash slot).
     """
-    client = get_redis()
-    if client is None or not fast.available or not (fast.locked or stored):
+    if not fast.available or not (fast.locked or stored):
         return
     payload = stored.dumps() if stored else ""
-    # On a Redis error the lock expires by itself; the database holds the response.
-    _, finish_script, _ = _scripts(client)
-    credential_key = f"{CREDENTIAL_PREFIX}{credential}" if stored and credential else ""
+    remember = bool(stored and credential)
     fast.locked = False
+    # On a Redis error the lock expires by itself; the database holds the response.
     with contextlib.suppress(redis_lib.RedisError):
-        finish_script(
-            keys=[fast.lock_key, fast.response_key, credential_key],
-            args=[
-                fast.token,
-                payload,
-                cache_ms,
-                scope,
-                CREDENTIAL_MS,
-                REVOKED,
-                _done_channel(fast.scope, fast.key),
-            ],
-        )
-
-
-def _done_channel(scope: str, key: str) -> str:
-    return f"{DONE_PREFIX}{scope}:{_key_hash(key)}"
+        client = get_redis()
+        if client is None:
+            return
+        scripts, cluster = _scripts(client), is_cluster()
+        _, _, done = _names(fast.scope, fast.key)
+        keys = [fast.lock_key, fast.response_key]
+        args: list[Any] = [fast.token, payload, cache_ms, done]
+        remembered: list[Any] = [scope, CREDENTIAL_MS, REVOKED]
+        if remember and not cluster:
+            keys, args = [*keys, _credential_key(credential)], [*args, *remembered]
+        scripts.finish(keys=keys, args=args)
+        if remember and cluster:
+            scripts.remember(keys=[_credential_key(credential)], args=remembered)
 
 
 def wait_for_finish(scope: str, key: str, seconds: float) -> bool:
@@ -235,20 +281,23 @@ def wait_for_finish(scope: str, key: str, seconds: float) -> bool:
     publishes on the key's channel) or `seconds` pass; True if Redis did the waiting.
     False when there is no Redis, it fails, or it holds no lock for the key (lost, or
     never taken): the caller then waits on the database."""
-    client = get_redis()
-    if client is None or seconds <= 0:
+    if seconds <= 0:
         return False
     deadline = time.monotonic() + seconds
+    lock_key, _, done = _names(scope, key)
     try:
+        client = get_redis()
+        if client is None:
+            return False
         with client.pubsub(ignore_subscribe_messages=True) as pubsub:
-            pubsub.subscribe(_done_channel(scope, key))
+            pubsub.subscribe(done)
             # Subscribed first, then looked: a finish in between is not missed.
-            if not client.exists(f"{LOCK_PREFIX}{scope}:{_key_hash(key)}"):
+            if not client.exists(lock_key):
                 return False
             while (left := deadline - time.monotonic()) > 0:
                 if pubsub.get_message(timeout=left) is not None:
                     break
-    except redis_lib.RedisError:
+    except (redis_lib.RedisError, RedisClusterException):
         return False
     return True
 
@@ -260,12 +309,13 @@ def credential_revoke(authorization: str) -> None:
     Best effort: with Redis unreachable, the entry it could not replace lives at most
     `CREDENTIAL_MS`.
     """
-    client = get_redis()
     credential = credential_digest(authorization)
-    if client is None or not credential:
+    if not credential:
         return
     try:
-        client.set(f"{CREDENTIAL_PREFIX}{credential}", REVOKED, px=REVOKED_MS)
+        client = get_redis()
+        if client is not None:
+            client.set(_credential_key(credential), REVOKED, px=REVOKED_MS)
     except redis_lib.RedisError:
         logger.warning("could not revoke a credential in Redis", exc_info=True)
 

@@ -5,7 +5,15 @@ from django.http import HttpRequest
 from django_fsm import TransitionNotAllowed
 
 from . import services
-from .models import Account, Hold, JournalEntry, Posting
+from .models import (
+    Account,
+    Hold,
+    JournalEntry,
+    JournalSeal,
+    Posting,
+    Transfer,
+    TransferBatch,
+)
 
 
 class ReadOnlyAdmin(admin.ModelAdmin):
@@ -23,7 +31,7 @@ class ReadOnlyAdmin(admin.ModelAdmin):
 
 class PostingInline(admin.TabularInline):
     model = Posting
-    fields = ("account", "amount")
+    fields = ("account", "amount", "balance_after", "version")
     readonly_fields = fields
     extra = 0
     can_delete = False
@@ -90,9 +98,44 @@ class JournalEntryAdmin(ReadOnlyAdmin):
 
 @admin.register(Posting)
 class PostingAdmin(ReadOnlyAdmin):
-    list_display = ("id", "entry", "account", "amount")
+    list_display = ("id", "entry", "account", "amount", "balance_after", "version")
     list_select_related = ("entry", "account")
     search_fields = ("entry__reference",)
+
+
+@admin.register(JournalSeal)
+class JournalSealAdmin(ReadOnlyAdmin):
+    """The journal's hash chain, as the sealer wrote it (check_ledger verifies it)."""
+
+    list_display = ("seq", "entry", "hash", "sealed_at")
+    list_select_related = ("entry",)
+    search_fields = ("hash", "entry__reference")
+
+
+@admin.register(Transfer)
+class TransferAdmin(ReadOnlyAdmin):
+    """Transfers between customers: money moves only through the API's service."""
+
+    list_display = (
+        "id",
+        "batch",
+        "sender",
+        "recipient",
+        "amount",
+        "currency",
+        "created_at",
+    )
+    list_select_related = ("batch", "sender", "recipient")
+    list_filter = ("currency",)
+    search_fields = ("sender__username", "recipient__username", "description")
+    date_hierarchy = "created_at"
+
+
+@admin.register(TransferBatch)
+class TransferBatchAdmin(ReadOnlyAdmin):
+    list_display = ("id", "sender", "created_at")
+    list_select_related = ("sender",)
+    search_fields = ("sender__username",)
 
 
 @admin.register(Hold)

@@ -1,14 +1,39 @@
+from typing import Any
+
 from django.conf import settings
-from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serializer
-from rest_framework import serializers
+from drf_spectacular.utils import (
+    OpenApiParameter,
+    PolymorphicProxySerializer,
+    extend_schema,
+    inline_serializer,
+)
+from rest_framework import serializers, status
+from rest_framework.fields import Field
 from rest_framework.pagination import CursorPagination
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from idempotency.decorators import idempotent
+
 from .auth import authenticated
-from .selectors import account_postings
-from .services import wallet_get_or_create
+from .fields import (
+    MAX_AMOUNT,
+    CurrencyField,
+    StrictCharField,
+    StrictInputSerializer,
+    StrictIntegerField,
+)
+from .openapi import IDEMPOTENCY_KEY
+from .selectors import account_postings, transfer_get
+from .services import (
+    TransferItem,
+    transfer_batch_create,
+    transfer_create,
+    wallet_get_or_create,
+)
+
+MAX_TRANSFERS_PER_BATCH = 100
 
 
 class AccountMeApi(APIView):
@@ -50,6 +75,8 @@ class AccountEntriesApi(APIView):
         entry_id = serializers.IntegerField()
         kind = serializers.CharField(source="entry.kind")
         amount = serializers.IntegerField()
+        balance_after = serializers.IntegerField()
+        version = serializers.IntegerField()
         currency = serializers.CharField(source="entry.currency")
         description = serializers.CharField(source="entry.description")
         created_at = serializers.DateTimeField(source="entry.created_at")
@@ -84,3 +111,114 @@ class AccountEntriesApi(APIView):
         return paginator.get_paginated_response(
             self.OutputSerializer(page, many=True).data
         )
+
+
+class TransferItemSerializer(serializers.Serializer):
+    """One transfer asked for. The amount may be any integer here: zero or a
+    negative one is the business refusal `invalid_transfer` (422), not a form error."""
+
+    class Meta:
+        ref_name = "TransferInput"
+
+    to = StrictCharField(max_length=150)
+    amount = StrictIntegerField(min_value=-MAX_AMOUNT, max_value=MAX_AMOUNT)
+    currency = CurrencyField()
+    description = StrictCharField(
+        required=False, allow_blank=True, max_length=255, default=""
+    )
+
+    def to_internal_value(self, data: Any) -> Any:
+        # Unknown fields are refused in a batch's items too (StrictInputSerializer
+        # only sees the top level's).
+        if isinstance(data, dict):
+            unknown = sorted(set(data) - set(self.fields))
+            if unknown:
+                raise serializers.ValidationError(
+                    {name: ["Unknown field."] for name in unknown}
+                )
+        return super().to_internal_value(data)
+
+
+class TransferBatchInputSerializer(StrictInputSerializer):
+    class Meta:
+        ref_name = "TransferBatchInput"
+
+    transfers = serializers.ListField(
+        child=TransferItemSerializer(),
+        min_length=1,
+        max_length=MAX_TRANSFERS_PER_BATCH,
+    )
+
+
+class TransferOutputSerializer(serializers.Serializer):
+    class Meta:
+        ref_name = "Transfer"
+
+    id = serializers.IntegerField()
+    sender = serializers.CharField(source="sender.username")  # shown as "from"
+    to = serializers.CharField(source="recipient.username")
+    amount = serializers.IntegerField()
+    currency = serializers.CharField()
+    status = serializers.CharField()
+    created_at = serializers.DateTimeField()
+
+    def get_fields(self) -> dict[str, Field]:
+        # `from` is a Python keyword, so the field is declared as `sender`.
+        return {
+            ("from" if name == "sender" else name): field
+            for name, field in super().get_fields().items()
+        }
+
+
+class TransferBatchOutputSerializer(serializers.Serializer):
+    class Meta:
+        ref_name = "TransferBatch"
+
+    id = serializers.IntegerField(source="batch_id")
+    transfers = TransferOutputSerializer(many=True)
+
+
+class TransferCreateApi(APIView):
+    """Send money to another customer: one transfer, or a batch of 1 to 100 that
+    moves all or nothing (`{"transfers": [...]}`)."""
+
+    @extend_schema(
+        request=PolymorphicProxySerializer(
+            component_name="TransferCreateInput",
+            serializers=[TransferItemSerializer, TransferBatchInputSerializer],
+            resource_type_field_name=None,
+        ),
+        responses={
+            201: PolymorphicProxySerializer(
+                component_name="TransferCreateOutput",
+                serializers=[TransferOutputSerializer, TransferBatchOutputSerializer],
+                resource_type_field_name=None,
+            )
+        },
+        parameters=[IDEMPOTENCY_KEY],
+    )
+    @idempotent("ledger.transfer")
+    def post(self, request: Request) -> Response:
+        sender = authenticated(request)
+        if isinstance(request.data, dict) and "transfers" in request.data:
+            batch = TransferBatchInputSerializer(data=request.data)
+            batch.is_valid(raise_exception=True)
+            items = [TransferItem(**item) for item in batch.validated_data["transfers"]]
+            transfers = transfer_batch_create(sender=sender, items=items)
+            body = {"batch_id": transfers[0].batch_id, "transfers": transfers}
+            data = TransferBatchOutputSerializer(body).data
+        else:
+            single = TransferItemSerializer(data=request.data)
+            single.is_valid(raise_exception=True)
+            transfer = transfer_create(
+                sender=sender, item=TransferItem(**single.validated_data)
+            )
+            data = TransferOutputSerializer(transfer).data
+        return Response(data, status=status.HTTP_201_CREATED)
+
+
+class TransferDetailApi(APIView):
+    @extend_schema(responses={200: TransferOutputSerializer})
+    def get(self, request: Request, transfer_id: int) -> Response:
+        transfer = transfer_get(user=authenticated(request), transfer_id=transfer_id)
+        return Response(TransferOutputSerializer(transfer).data)

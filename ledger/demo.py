@@ -1,4 +1,5 @@
-"""The demo data of `make run`: a funded shopper and an admin."""
+"""The demo data of `make run`: a funded shopper, a friend to send money to, and an
+admin."""
 
 import secrets
 from pathlib import Path
@@ -13,10 +14,13 @@ DEMO_CUSTOMER = "demo"
 # A local demo shopper, printed on every `make run`; not a secret.
 DEMO_PASSWORD = "demo-password"  # noqa: S105
 DEMO_BALANCE = 100_000
+# A second customer, with an empty wallet, for the README's transfer examples.
+DEMO_FRIEND = "friend"
 
 
 def demo_seed() -> dict[str, Any]:
-    """Create the demo customer (funded wallet) and the admin, or find them again.
+    """Create the demo customer (funded wallet), the friend (an empty wallet) and
+    the admin, or find them again.
 
     Returns how to log in as each; the admin's password is random, made once and kept
     in the data folder (`admin_password_file`) so every later run can show it again.
@@ -28,6 +32,7 @@ def demo_seed() -> dict[str, Any]:
     )
     wallet_top_up(account_id=wallet.pk, at_least=DEMO_BALANCE)
     wallet.refresh_from_db()
+    customer_get_or_create(username=DEMO_FRIEND, currency=currency)
     stored = settings.DATA_DIR / "admin-password"
     return {
         "customer": {

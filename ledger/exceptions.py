@@ -58,6 +58,38 @@ class StaleVersion(DomainError):
     default_detail = "The account changed since you read it; read it again and retry."
 
 
+class RecipientUnknown(DomainError):
+    status = 422
+    code = "recipient_unknown"
+    title = "Recipient unknown"
+    default_detail = "No customer has this username."
+
+
+class InvalidTransfer(DomainError):
+    status = 422
+    code = "invalid_transfer"
+    title = "Invalid transfer"
+    default_detail = "A transfer moves a positive amount to someone else."
+
+
+class TransferBatchRefused(DomainError):
+    """Some items of a batch were refused: nothing moved. The code is the first
+    refusal's; `errors` names every refused item by its index."""
+
+    status = 422
+    code = ""  # per instance: the first refusal's (a code listed by its own class)
+    title = "Transfer batch refused"
+
+    def __init__(self, refusals: list[tuple[int, DomainError]]) -> None:
+        self.refusals = refusals
+        self.code = refusals[0][1].code
+        super().__init__(
+            f"{len(refusals)} transfer(s) of the batch were refused, so none was "
+            "made; see `errors`.",
+            errors=[{"index": index, "code": error.code} for index, error in refusals],
+        )
+
+
 class HoldNotActive(DomainError):
     status = 409
     code = "hold_not_active"

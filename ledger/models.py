@@ -109,6 +109,9 @@ class JournalEntry(models.Model):
     kind = models.CharField(max_length=16, choices=Kind.choices)
     currency = models.CharField(max_length=3)
     description = models.CharField(max_length=255, blank=True)
+    # What `description` says, as a kind of text and its parameters, so that pages
+    # show it in the reader's language (`ledger.texts`); empty for a free text.
+    params = models.JSONField(default=dict, blank=True)
     created_at = models.DateTimeField(auto_now_add=True, db_index=True)
 
     class Meta:
@@ -128,6 +131,11 @@ class Posting(models.Model):
         Account, on_delete=models.PROTECT, related_name="postings"
     )
     amount = models.BigIntegerField()
+    # The account as this posting left it, taken from the balance update's RETURNING:
+    # a statement reads them instead of summing history, and `check_ledger` proves
+    # the latest posting's `balance_after` is the account's balance.
+    balance_after = models.BigIntegerField()
+    version = models.BigIntegerField()
 
     class Meta:
         constraints = [
@@ -141,6 +149,93 @@ class Posting(models.Model):
 
     def __str__(self) -> str:
         return f"{self.amount:+d} on account {self.account_id}"
+
+
+class JournalSeal(models.Model):
+    """An entry's place in the tamper-evident chain of the journal.
+
+    `hash = SHA-256(prev_hash || canonical entry and its postings)`, `prev_hash` being
+    the previous seal's hash. The sealer (`ledger.journal.journal_seal`, one at a time)
+    seals committed entries in the order it finds them, so inserting an entry never
+    waits for a global lock; `check_ledger` recomputes the chain and names any entry
+    whose rows changed, or that vanished, after it was sealed. Append-only, like the
+    entries. The reference to the entry has no database constraint on purpose: a
+    seal must outlive an entry deleted behind the application's back, to name it.
+    """
+
+    entry = models.OneToOneField(
+        JournalEntry,
+        on_delete=models.DO_NOTHING,
+        db_constraint=False,
+        related_name="seal",
+    )
+    seq = models.BigIntegerField(unique=True)
+    prev_hash = models.CharField(max_length=64)
+    hash = models.CharField(max_length=64)
+    sealed_at = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self) -> str:
+        return f"seal #{self.seq} of entry {self.entry_id}"
+
+
+class TransferBatch(models.Model):
+    """One transfer request: a single transfer or a batch of up to 100, all or
+    nothing. Its id is the batch's id in the API."""
+
+    sender = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+"
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        verbose_name_plural = "transfer batches"
+
+    def __str__(self) -> str:
+        return f"transfer batch {self.pk}"
+
+
+class Transfer(models.Model):
+    """Money sent from one customer's wallet to another's: one journal entry, a
+    debit of the sender and a credit of the recipient."""
+
+    batch = models.ForeignKey(
+        TransferBatch, on_delete=models.PROTECT, related_name="transfers"
+    )
+    index = models.PositiveSmallIntegerField()
+    entry = models.OneToOneField(
+        JournalEntry, on_delete=models.PROTECT, related_name="transfer"
+    )
+    sender = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+"
+    )
+    recipient = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+"
+    )
+    amount = models.BigIntegerField()
+    currency = models.CharField(max_length=3)
+    description = models.CharField(max_length=255, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    # A transfer exists only once its money moved (it is written in the same
+    # transaction), so it has one state.
+    status = "succeeded"
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["batch", "index"], name="transfer_batch_index_unique"
+            ),
+            models.CheckConstraint(
+                condition=Q(amount__gt=0), name="transfer_amount_positive"
+            ),
+        ]
+        indexes = [
+            models.Index(fields=["sender", "-id"], name="transfer_sender_recent"),
+            models.Index(fields=["recipient", "-id"], name="transfer_recipient_recent"),
+        ]
+
+    def __str__(self) -> str:
+        return f"transfer {self.pk}: {self.amount} {self.currency}"
 
 
 class Hold(models.Model):

@@ -90,7 +90,8 @@ def problem_codes() -> dict[str, int]:
     for cls, (code, _title) in _DRF_CODES.items():
         codes[code] = int(cls.status_code)  # type: ignore[attr-defined]
     for error in _subclasses(ProblemError):
-        codes[error.code] = error.status
+        if error.code:  # a batch's refusal answers with its items' codes
+            codes[error.code] = error.status
     return dict(sorted(codes.items()))
 
 

@@ -1,10 +1,24 @@
-from django.db.models import QuerySet
+from django.contrib.auth.models import User
+from django.db.models import Q, QuerySet
+from django.http import Http404
+from django.shortcuts import get_object_or_404
 
-from .models import Account, Posting
+from .models import Account, Posting, Transfer
 
 
 def account_postings(*, account: Account) -> QuerySet[Posting]:
     """The account's postings with their entries, newest first."""
     return (
         Posting.objects.filter(account=account).select_related("entry").order_by("-id")
+    )
+
+
+def transfer_get(*, user: User, transfer_id: int) -> Transfer:
+    """A transfer its sender or its recipient may see; 404 for anyone else."""
+    if not 0 < transfer_id < 2**63:
+        raise Http404("no such transfer")
+    return get_object_or_404(
+        Transfer.objects.select_related("sender", "recipient"),
+        Q(sender=user) | Q(recipient=user),
+        pk=transfer_id,
     )

@@ -14,11 +14,14 @@ record that remembers the answer, so callers are allowed to wrap them.
 
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime
+from typing import Any, cast
 
 from django.contrib.auth.models import User
 from django.db import IntegrityError, connection, transaction
-from django.db.models import F, Q
+from django.db.models import F, Q, QuerySet
+from django.db.models.sql import UpdateQuery
 from django.utils import timezone
 
 from idempotency.sql import insert_unless_exists
@@ -27,12 +30,26 @@ from .exceptions import (
     AccountNotActive,
     AccountNotFound,
     CurrencyMismatch,
+    DomainError,
     HoldNotActive,
     InsufficientFunds,
+    InvalidTransfer,
+    RecipientUnknown,
     ReferenceConflict,
     StaleVersion,
+    TransferBatchRefused,
 )
-from .models import Account, Hold, JournalEntry, Posting
+from .journal import GENESIS, chain_hash
+from .models import (
+    Account,
+    Hold,
+    JournalEntry,
+    JournalSeal,
+    Posting,
+    Transfer,
+    TransferBatch,
+)
+from .texts import entry_english, entry_params
 
 Leg = tuple[int, int]  # (account id, signed amount in minor units)
 
@@ -77,9 +94,33 @@ def _refusal(
     )
 
 
+def _update_returning(rows: QuerySet[Account], **values: Any) -> tuple[int, int] | None:
+    """`rows.update(**values)` that also answers the row's new balance and version
+    (`UPDATE ... RETURNING`): a posting records them without another query. None
+    when the guard matched no row."""
+    query = cast(UpdateQuery, rows.query.chain(UpdateQuery))
+    query.add_update_values(values)
+    statement, params = query.get_compiler(rows.db).as_sql()
+    table = connection.ops.quote_name(Account._meta.db_table)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"{statement} RETURNING {table}.balance, {table}.version", params
+        )
+        return cursor.fetchone()
+
+
 def _move(
-    account_id: int, amount: int, currency: str, seen: int | None, release: int = 0
-) -> None:
+    account_id: int,
+    amount: int,
+    currency: str,
+    seen: int | None,
+    postings: int = 1,
+    release: int = 0,
+) -> tuple[int, int]:
+    """Move the balance by one conditional UPDATE; return (balance, version) after
+    it. `postings` is how many postings the move sums (a batch's debits of one
+    wallet move it once): the version counts each. `release` lowers `held` in the
+    same UPDATE (a captured hold), and the debit's guard counts it as available."""
     accounts = Account.objects.filter(pk=account_id, currency=currency)
     if seen is not None:
         accounts = accounts.filter(version=seen)
@@ -92,12 +133,17 @@ def _move(
         )
     else:
         accounts = accounts.exclude(status=Account.Status.CLOSED)
-    changes = {"balance": F("balance") + amount, "version": F("version") + 1}
+    changes: dict[str, Any] = {
+        "balance": F("balance") + amount,
+        "version": F("version") + postings,
+    }
     if release:  # a captured hold: released in the same UPDATE as the debit
         accounts = accounts.filter(held__gte=release)
         changes["held"] = F("held") - release
-    if not accounts.update(**changes):
+    after = _update_returning(accounts, **changes)
+    if after is None:
         raise _refusal(account_id, amount, currency, seen)
+    return after
 
 
 def _same_movement(entry: JournalEntry, legs: list[Leg]) -> bool:
@@ -113,6 +159,7 @@ def ledger_post(
     currency: str,
     legs: Sequence[Leg],
     description: str = "",
+    params: Mapping[str, str] | None = None,
     seen_versions: Mapping[int, int] | None = None,
     releases: Mapping[int, int] | None = None,
 ) -> JournalEntry:
@@ -123,8 +170,11 @@ def ledger_post(
     until the first transaction commits, finds the reference taken (`ON CONFLICT DO
     NOTHING`, no savepoint) and gets the existing entry back instead of moving money
     twice. Balances then move by conditional UPDATEs
-    in account-id order, so two transfers in opposite directions cannot deadlock.
+    in account-id order, so two transfers in opposite directions cannot deadlock;
+    each UPDATE returns the balance and version it left, which its posting records.
     `seen_versions` adds `AND version = :seen` for callers that read an account first.
+    `params` (see `ledger.texts.entry_params`) say what the entry is in any language;
+    the English `description` is then written from them unless given.
     `releases` lowers an account's `held` in the same UPDATE that moves its balance
     (a captured hold, `hold_capture`); such an entry is never a replay.
     """
@@ -132,8 +182,15 @@ def ledger_post(
     releases = releases or {}
     if set(releases) - {account_id for account_id, _ in ordered}:
         raise ValueError("a release names an account the entry does not move")
+    params = dict(params or {})
+    if params and not description:
+        description = entry_english(params)
     entry = JournalEntry(
-        reference=reference, kind=kind, currency=currency, description=description
+        reference=reference,
+        kind=kind,
+        currency=currency,
+        description=description,
+        params=params,
     )
     if not insert_unless_exists(entry, ["reference"]):
         existing = JournalEntry.objects.get(reference=reference)
@@ -141,18 +198,25 @@ def ledger_post(
             raise ReferenceConflict(reference=reference)
         return existing
     seen_versions = seen_versions or {}
+    postings = []
     for account_id, amount in ordered:
-        _move(
+        balance_after, version = _move(
             account_id,
             amount,
             currency,
             seen_versions.get(account_id),
-            releases.get(account_id, 0),
+            release=releases.get(account_id, 0),
         )
-    Posting.objects.bulk_create(
-        Posting(entry=entry, account_id=account_id, amount=amount)
-        for account_id, amount in ordered
-    )
+        postings.append(
+            Posting(
+                entry=entry,
+                account_id=account_id,
+                amount=amount,
+                balance_after=balance_after,
+                version=version,
+            )
+        )
+    Posting.objects.bulk_create(postings)
     return entry
 
 
@@ -194,7 +258,12 @@ def wallet_get_or_create(*, owner_id: int, currency: str) -> Account:
 
 
 def ledger_deposit(
-    *, account_id: int, amount: int, reference: str, description: str = ""
+    *,
+    account_id: int,
+    amount: int,
+    reference: str,
+    description: str = "",
+    params: Mapping[str, str] | None = None,
 ) -> JournalEntry:
     """Bring `amount` into `account_id` from the outside world, once per reference."""
     if amount <= 0:
@@ -207,6 +276,7 @@ def ledger_deposit(
         currency=account.currency,
         legs=[(world.pk, -amount), (account_id, amount)],
         description=description,
+        params=params,
     )
 
 
@@ -219,6 +289,7 @@ def ledger_transfer(
     reference: str,
     kind: str = JournalEntry.Kind.TRANSFER,
     description: str = "",
+    params: Mapping[str, str] | None = None,
     seen_version: int | None = None,
 ) -> JournalEntry:
     """Debit `source_id` and credit `destination_id` by `amount`, once per reference.
@@ -234,6 +305,7 @@ def ledger_transfer(
         currency=currency,
         legs=[(source_id, -amount), (destination_id, amount)],
         description=description,
+        params=params,
         seen_versions={source_id: seen_version} if seen_version is not None else None,
     )
 
@@ -385,7 +457,7 @@ def wallet_top_up(*, account_id: int, at_least: int) -> JournalEntry | None:
         account_id=account.pk,
         amount=missing,
         reference=f"top-up:{account.pk}:v{account.version}",
-        description="Top-up",
+        params=entry_params("top_up"),
     )
 
 
@@ -433,3 +505,239 @@ def customer_get_or_create(
     token, _ = Token.objects.get_or_create(user=user)
     wallet = wallet_get_or_create(owner_id=user.pk, currency=currency)
     return user, token.key, wallet
+
+
+# Two int4 keys: a lock space of its own, apart from the single-bigint advisory locks
+# the idempotency engine takes on keys.
+_SEALER_LOCK = (0x1ED6E2, 1)
+
+
+@transaction.atomic(savepoint=False)
+def journal_seal(*, batch_size: int = 1000) -> int:
+    """Seal every committed, unsealed journal entry into the hash chain; return how
+    many were sealed.
+
+    One sealer at a time: a transaction-scoped advisory lock, so a second sealer
+    waits and then finds nothing left. Entries are sealed in the order we find them
+    (by id among those visible now); one that commits later, with a lower id, is
+    sealed by the next run with a higher `seq`. Writers never wait for this: an entry
+    is inserted without touching the chain. Runs under beat every minute and at the
+    start of `check_ledger`.
+    """
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_advisory_xact_lock(%s, %s)", _SEALER_LOCK)
+    head = JournalSeal.objects.order_by("-seq").first()
+    seq, prev_hash = (head.seq, head.hash) if head else (0, GENESIS)
+    sealed = 0
+    while True:
+        entries = list(
+            JournalEntry.objects.filter(seal__isnull=True)
+            .order_by("pk")
+            .prefetch_related("postings")[:batch_size]
+        )
+        if not entries:
+            return sealed
+        seals = []
+        for entry in entries:
+            seq += 1
+            digest = chain_hash(prev_hash, entry, entry.postings.all())
+            seals.append(
+                JournalSeal(entry=entry, seq=seq, prev_hash=prev_hash, hash=digest)
+            )
+            prev_hash = digest
+        JournalSeal.objects.bulk_create(seals)
+        sealed += len(seals)
+
+
+@dataclass(frozen=True)
+class TransferItem:
+    """One transfer asked for: to whom (a username), how much, in what currency."""
+
+    to: str
+    amount: int
+    currency: str
+    description: str = ""
+
+
+def _credit_many(
+    credits: Mapping[int, tuple[int, int]],
+) -> dict[int, tuple[int, int]]:
+    """Credit several active accounts in one conditional UPDATE ... FROM (VALUES);
+    `credits` maps account id -> (amount, postings). Answer each account's balance
+    and version after it; an account the guard refused is missing from the answer."""
+    rows = ", ".join(
+        ["(CAST(%s AS BIGINT), CAST(%s AS BIGINT), CAST(%s AS BIGINT))"] * len(credits)
+    )
+    params = [
+        value
+        for pk, (amount, n) in sorted(credits.items())
+        for value in (pk, amount, n)
+    ]
+    statement = (
+        f"WITH credit (id, amount, n) AS (VALUES {rows}) "  # noqa: S608 (placeholders only)
+        "UPDATE ledger_account SET balance = ledger_account.balance + credit.amount, "
+        "version = ledger_account.version + credit.n FROM credit "
+        "WHERE ledger_account.id = credit.id AND ledger_account.status = %s "
+        "RETURNING ledger_account.id, ledger_account.balance, ledger_account.version"
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(statement, [*params, Account.Status.ACTIVE])
+        return {pk: (balance, version) for pk, balance, version in cursor.fetchall()}
+
+
+def _transfer_refusal(
+    item: TransferItem,
+    *,
+    sender: User,
+    recipients: Mapping[str, User],
+    wallets: Mapping[tuple[int, str], Account],
+    available: dict[int, int],
+) -> DomainError | None:
+    """Why `item` cannot be made, or None (then its amount is set aside)."""
+    if item.amount <= 0:
+        return InvalidTransfer("A transfer moves a positive amount.")
+    if item.to == sender.get_username():
+        return InvalidTransfer("A transfer goes to someone else.")
+    recipient = recipients.get(item.to)
+    if recipient is None:
+        return RecipientUnknown(f"No customer is called {item.to!r}.")
+    source = wallets.get((sender.pk, item.currency))
+    destination = wallets.get((recipient.pk, item.currency))
+    if source is None or destination is None:
+        whose = "You hold" if source is None else f"{item.to} holds"
+        return CurrencyMismatch(f"{whose} no {item.currency} wallet.")
+    for wallet in (source, destination):
+        if wallet.status != Account.Status.ACTIVE:
+            return AccountNotActive(f"Account {wallet.pk} is {wallet.status}.")
+    if item.amount > available[source.pk]:
+        return InsufficientFunds(balance=available[source.pk], amount=item.amount)
+    available[source.pk] -= item.amount
+    return None
+
+
+@transaction.atomic(savepoint=False)
+def transfer_batch_create(
+    *, sender: User, items: Sequence[TransferItem]
+) -> list[Transfer]:
+    """Send money from the sender's wallets to each item's recipient: all or nothing;
+    return the transfers made, in the items' order (they share one batch).
+
+    The transaction's story (the caller's transaction: under the idempotent endpoint
+    the effect and the finished key commit together). Read the recipients (one
+    query). Lock every wallet involved in one statement, in id order, so two batches
+    in opposite directions take their locks in the same order and never deadlock.
+    Check every item against the locked rows, collecting each refusal, so all refused
+    items are named while nothing has moved (`TransferBatchRefused`). Then write: the
+    batch, one journal entry per item, one debit per sender wallet (the conditional
+    UPDATE every debit uses, its guard the last word), one UPDATE crediting every
+    recipient, then the postings (with the balance and version after each, derived
+    from the UPDATEs' RETURNING) and the transfers in bulk. The number of statements
+    does not grow with the number of items.
+    """
+    usernames = {item.to for item in items}
+    recipients = {
+        user.get_username(): user
+        for user in User.objects.filter(username__in=usernames).exclude(pk=sender.pk)
+    }
+    locked = Account.objects.select_for_update().filter(
+        owner_id__in=[sender.pk, *(user.pk for user in recipients.values())],
+        kind=Account.Kind.WALLET,
+        currency__in={item.currency for item in items},
+    )
+    wallets = {(cast(int, a.owner_id), a.currency): a for a in locked.order_by("pk")}
+    available = {a.pk: a.available for a in wallets.values() if a.owner_id == sender.pk}
+    refusals = []
+    for index, item in enumerate(items):
+        refusal = _transfer_refusal(
+            item,
+            sender=sender,
+            recipients=recipients,
+            wallets=wallets,
+            available=available,
+        )
+        if refusal is not None:
+            refusals.append((index, refusal))
+    if refusals:
+        raise TransferBatchRefused(refusals)
+
+    batch = TransferBatch.objects.create(sender=sender)
+    legs = [
+        (
+            wallets[(sender.pk, item.currency)],
+            wallets[(recipients[item.to].pk, item.currency)],
+            item,
+        )
+        for item in items
+    ]
+    # Per account: the signed sum it moves by and how many postings it gets.
+    moves: dict[int, tuple[int, int]] = defaultdict(lambda: (0, 0))
+    for source, destination, item in legs:
+        for pk, amount in ((source.pk, -item.amount), (destination.pk, item.amount)):
+            total, n = moves[pk]
+            moves[pk] = (total + amount, n + 1)
+    entries = JournalEntry.objects.bulk_create(
+        JournalEntry(
+            reference=f"transfer:{batch.pk}:{index}",
+            kind=JournalEntry.Kind.TRANSFER,
+            currency=item.currency,
+            description=item.description
+            or f"Transfer from {sender.get_username()} to {item.to}",
+        )
+        for index, item in enumerate(items)
+    )
+    after: dict[int, tuple[int, int]] = {}
+    for source in sorted({source for source, _, _ in legs}, key=lambda a: a.pk):
+        total, n = moves[source.pk]
+        after[source.pk] = _move(source.pk, total, source.currency, None, postings=n)
+    credits = {destination.pk: moves[destination.pk] for _, destination, _ in legs}
+    after.update(_credit_many(credits))
+    for _, destination, item in legs:
+        if destination.pk not in after:  # the guard refused: it changed under us
+            raise _refusal(destination.pk, item.amount, item.currency, None)
+    # Each account's state before the batch, then forward through the items: every
+    # posting gets the balance and version it left its account with.
+    state = {
+        pk: (balance - moves[pk][0], version - moves[pk][1])
+        for pk, (balance, version) in after.items()
+    }
+    postings, transfers = [], []
+    for index, ((source, destination, item), entry) in enumerate(
+        zip(legs, entries, strict=True)
+    ):
+        for account, amount in ((source, -item.amount), (destination, item.amount)):
+            balance, version = state[account.pk]
+            state[account.pk] = (balance + amount, version + 1)
+            postings.append(
+                Posting(
+                    entry=entry,
+                    account=account,
+                    amount=amount,
+                    balance_after=balance + amount,
+                    version=version + 1,
+                )
+            )
+        transfers.append(
+            Transfer(
+                batch=batch,
+                index=index,
+                entry=entry,
+                sender=sender,
+                recipient=recipients[item.to],
+                amount=item.amount,
+                currency=item.currency,
+                description=item.description,
+            )
+        )
+    Posting.objects.bulk_create(postings)
+    return Transfer.objects.bulk_create(transfers)
+
+
+def transfer_create(*, sender: User, item: TransferItem) -> Transfer:
+    """Send one transfer: a batch of one, whose refusal is the item's own error
+    (`insufficient_funds`, `recipient_unknown`, ...) rather than a batch's."""
+    try:
+        [transfer] = transfer_batch_create(sender=sender, items=[item])
+    except TransferBatchRefused as refused:
+        raise refused.refusals[0][1] from None
+    return transfer

@@ -10,11 +10,18 @@ api_v1: list[URLPattern | URLResolver] = [
     path(
         "accounts/me/entries", apis.AccountEntriesApi.as_view(), name="account-entries"
     ),
+    path("transfers", apis.TransferCreateApi.as_view(), name="api-transfer-create"),
+    path(
+        "transfers/<int:transfer_id>",
+        apis.TransferDetailApi.as_view(),
+        name="api-transfer-detail",
+    ),
     path("", include("orders.api_urls")),
     path("", include("payments.api_urls")),
 ]
 
 urlpatterns = [
+    path("favicon.ico", views.favicon, name="favicon"),
     path("healthz", views.healthz, name="healthz"),
     path("readyz", views.readyz, name="readyz"),
     path("metrics", views.metrics, name="metrics"),

@@ -1,14 +1,27 @@
-"""Operational endpoints: liveness, readiness and metrics."""
+"""Operational endpoints: liveness, readiness and metrics; and /favicon.ico."""
 
 import hmac
 import os
 
 from django.conf import settings
 from django.db import connection
-from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.http import (
+    HttpRequest,
+    HttpResponse,
+    HttpResponsePermanentRedirect,
+    JsonResponse,
+)
+from django.templatetags.static import static
 from django.views.decorators.http import require_GET
 
 from .problems import problem_response
+
+
+@require_GET
+def favicon(request: HttpRequest) -> HttpResponse:
+    """Browsers ask for /favicon.ico whatever the page's links say: send them to
+    the static file, which whitenoise serves."""
+    return HttpResponsePermanentRedirect(static("favicon.ico"))
 
 
 @require_GET

@@ -6,7 +6,8 @@ from . import apis
 
 urlpatterns = [
     path("preorders", apis.PreOrderCreateApi.as_view(), name="api-preorder-create"),
-    path("orders", apis.OrderCreateApi.as_view(), name="api-order-create"),
+    # GET lists the caller's orders, POST places one (api-order-list is the same URL).
+    path("orders", apis.OrdersApi.as_view(), name="api-order-create"),
     path(
         "orders/<str:merchant_order_no>",
         apis.OrderDetailApi.as_view(),

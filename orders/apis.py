@@ -1,12 +1,13 @@
 from django.conf import settings
 from django.urls import reverse
-from drf_spectacular.utils import OpenApiParameter, extend_schema
+from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serializer
 from rest_framework import serializers, status
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from idempotency.decorators import idempotent
+from ledger.apis import NewestFirst
 from ledger.auth import authenticated
 
 from .fields import (
@@ -17,7 +18,7 @@ from .fields import (
     StrictIntegerField,
 )
 from .models import MERCHANT_ORDER_NO_MAX_LENGTH, Order
-from .selectors import order_get
+from .selectors import order_get, order_list
 from .services import order_cancel, order_create, preorder_create
 
 
@@ -148,3 +149,59 @@ class OrderCancelApi(APIView):
             owner=authenticated(request), merchant_order_no=merchant_order_no
         )
         return order_response(order_cancel(order_id=order.pk))
+
+
+class OrderListApi(APIView):
+    """The caller's orders, newest first, paginated like every list;
+    `?status=paid` keeps the orders in that state."""
+
+    class FilterSerializer(serializers.Serializer):
+        class Meta:
+            ref_name = "OrderListFilter"
+
+        status = serializers.ChoiceField(
+            choices=[s.name.lower() for s in Order.Status], required=False
+        )
+
+    PageSerializer = inline_serializer(
+        "OrdersPage",
+        {
+            "next": serializers.URLField(allow_null=True),
+            "previous": serializers.URLField(allow_null=True),
+            "results": OrderOutputSerializer(many=True),
+        },
+    )
+
+    @extend_schema(
+        operation_id="v1_orders_list",
+        parameters=[
+            OpenApiParameter(
+                "status",
+                str,
+                enum=[s.name.lower() for s in Order.Status],
+                description="Only the orders in this state.",
+            ),
+            OpenApiParameter("cursor", str, description="From `next`/`previous`."),
+            OpenApiParameter(
+                "page_size", int, description=f"At most {NewestFirst.max_page_size}."
+            ),
+        ],
+        responses={200: PageSerializer},
+    )
+    def get(self, request: Request) -> Response:
+        filters = self.FilterSerializer(data=request.query_params)
+        filters.is_valid(raise_exception=True)
+        name = filters.validated_data.get("status")
+        orders = order_list(
+            owner=authenticated(request),
+            status=Order.Status[name.upper()] if name else None,
+        )
+        paginator = NewestFirst()
+        page = paginator.paginate_queryset(orders, request, view=self)
+        return paginator.get_paginated_response(
+            OrderOutputSerializer(page, many=True).data
+        )
+
+
+class OrdersApi(OrderListApi, OrderCreateApi):
+    """`/api/v1/orders`: GET lists the caller's orders, POST places one."""

@@ -5,9 +5,14 @@ from django.shortcuts import get_object_or_404
 from .models import Order, PreOrder
 
 
-def order_list(*, owner: AbstractBaseUser) -> QuerySet[Order]:
-    """The owner's orders, newest first."""
-    return Order.objects.filter(owner=owner).order_by("-id")
+def order_list(
+    *, owner: AbstractBaseUser, status: int | None = None
+) -> QuerySet[Order]:
+    """The owner's orders, newest first; only those in `status` when given."""
+    orders = Order.objects.filter(owner=owner)
+    if status is not None:
+        orders = orders.filter(status=status)
+    return orders.order_by("-id")
 
 
 def order_get(*, owner: AbstractBaseUser, merchant_order_no: str) -> Order:

@@ -18,6 +18,8 @@ from ledger.services import wallet_get_or_create
 
 from .exceptions import DuplicateOrder, MerchantOrderNoUnknown, OrderNotCancellable
 from .forms import OrderForm, major_units
+from .models import PreOrder
+from .paging import keyset_page
 from .selectors import order_find, order_get, order_list, preorder_find
 from .services import order_cancel, order_create, preorder_create
 
@@ -40,8 +42,34 @@ def home(request: HttpRequest) -> HttpResponse:
 @login_required
 @require_GET
 def orders_page(request: HttpRequest) -> HttpResponse:
-    orders = order_list(owner=authenticated(request))[:50]
-    return render(request, "orders/order_list.html", {"orders": orders})
+    page = keyset_page(order_list(owner=authenticated(request)), request.GET)
+    return render(
+        request, "orders/order_list.html", {"orders": page.items, "page": page}
+    )
+
+
+# The session remembers the number issued to this visit's order form: showing the
+# form again (the nav link, a reload, a second tab) reuses it, until an order is
+# placed with it (seen when the form is next shown, so placing an order costs no
+# session write), instead of issuing a pre-order on every visit.
+FORM_TOKEN_SESSION_KEY = "order_form_token"  # noqa: S105 - a session key
+
+
+def _form_preorder(request: HttpRequest) -> PreOrder:
+    """This visit's unused, unexpired pre-order, or a new one remembered for it."""
+    owner = authenticated(request)
+    kept = preorder_find(
+        owner=owner, merchant_order_no=request.session.get(FORM_TOKEN_SESSION_KEY, "")
+    )
+    if (
+        kept is not None
+        and not kept.is_expired
+        and order_find(owner=owner, merchant_order_no=kept.merchant_order_no) is None
+    ):
+        return kept
+    preorder = preorder_create(owner=owner)
+    request.session[FORM_TOKEN_SESSION_KEY] = preorder.merchant_order_no
+    return preorder
 
 
 @login_required
@@ -78,9 +106,7 @@ def order_new(request: HttpRequest) -> HttpResponse:
                 form = OrderForm(
                     initial={
                         **form.cleaned_data,
-                        "token": preorder_create(
-                            owner=authenticated(request)
-                        ).merchant_order_no,
+                        "token": _form_preorder(request).merchant_order_no,
                     }
                 )
             else:
@@ -89,9 +115,7 @@ def order_new(request: HttpRequest) -> HttpResponse:
         elif "token" in form.errors:
             # A mangled token cannot name any order: show the form with a fresh one.
             data = request.POST.copy()
-            data["token"] = preorder_create(
-                owner=authenticated(request)
-            ).merchant_order_no
+            data["token"] = _form_preorder(request).merchant_order_no
             form = OrderForm(data)
             form.is_valid()
     elif request.method == "GET":
@@ -99,10 +123,11 @@ def order_new(request: HttpRequest) -> HttpResponse:
         preorder = preorder_find(owner=authenticated(request), merchant_order_no=token)
         placed = order_find(owner=authenticated(request), merchant_order_no=token)
         if preorder is None or (placed is None and preorder.is_expired):
-            # Issue the token, then show the form at a URL that names it: going back
-            # to this page, even when the browser fetches it again, shows the same
-            # token, and resubmitting it lands on the same order.
-            preorder = preorder_create(owner=authenticated(request))
+            # Issue the token (once per visit), then show the form at a URL that
+            # names it: going back to this page, even when the browser fetches it
+            # again, shows the same token, and resubmitting it lands on the same
+            # order.
+            preorder = _form_preorder(request)
             query = urlencode({"token": preorder.merchant_order_no})
             return HttpResponseRedirect(f"{reverse('order-new')}?{query}")
         initial: dict[str, object] = {"token": preorder.merchant_order_no}
@@ -143,5 +168,9 @@ def account(request: HttpRequest) -> HttpResponse:
         owner_id=authenticated(request).pk,
         currency=settings.LEDGER_DEFAULT_CURRENCY,
     )
-    postings = account_postings(account=wallet)[:20]
-    return render(request, "account.html", {"wallet": wallet, "postings": postings})
+    page = keyset_page(account_postings(account=wallet), request.GET)
+    return render(
+        request,
+        "account.html",
+        {"wallet": wallet, "postings": page.items, "page": page},
+    )

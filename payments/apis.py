@@ -24,7 +24,7 @@ from orders.fields import (
 from orders.selectors import order_get
 
 from .models import Payment
-from .selectors import payment_get
+from .selectors import order_page_url, payment_get
 from .services import (
     HOLD_SECONDS_MAX,
     HOLD_SECONDS_MIN,
@@ -115,7 +115,11 @@ class OrderPayApi(APIView):
         )
         data = serializer.validated_data
         if idem is not None:  # the provider
-            payment = payment_pay_with_provider(order_id=order.pk, phases=idem)
+            payment = payment_pay_with_provider(
+                order_id=order.pk,
+                phases=idem,
+                return_url=order_page_url(request, order.merchant_order_no),
+            )
         elif data["capture"] == Payment.Capture.MANUAL:
             payment = payment_authorize_with_balance(
                 order_id=order.pk,

@@ -63,9 +63,15 @@ def _charge(data: dict) -> ProviderCharge:
 
 
 def provider_charge_create(
-    *, merchant_order_no: str, amount: int, currency: str, description: str = ""
+    *,
+    merchant_order_no: str,
+    amount: int,
+    currency: str,
+    description: str = "",
+    return_url: str = "",
 ) -> ProviderCharge:
-    """Ask the provider to open a charge (deduplicated by `merchant_order_no`)."""
+    """Ask the provider to open a charge (deduplicated by `merchant_order_no`);
+    its pay page sends the payer back to `return_url` when they are done."""
     response = _request(
         "POST",
         "/charges",
@@ -74,6 +80,7 @@ def provider_charge_create(
             "amount": amount,
             "currency": currency,
             "description": description[:255],
+            "return_url": return_url,
         },
     )
     if response is None:

@@ -1,7 +1,8 @@
 from django.contrib.auth.models import User
 from django.db.models import QuerySet
-from django.http import Http404
+from django.http import Http404, HttpRequest
 from django.shortcuts import get_object_or_404
+from django.urls import reverse
 
 from orders.models import Order
 
@@ -13,9 +14,27 @@ def payment_list(*, order: Order) -> QuerySet[Payment]:
     return Payment.objects.filter(order=order).order_by("-id")
 
 
+def payment_history(*, owner: User) -> QuerySet[Payment]:
+    """All the owner's payments with their orders (and refunds), newest first."""
+    return (
+        Payment.objects.filter(order__owner=owner)
+        .select_related("order", "refund_record")
+        .order_by("-id")
+    )
+
+
 def payment_get(*, owner: User, payment_id: int) -> Payment:
     """The owner's payment; 404 for anyone else's or an unknown one."""
     if not 0 < payment_id < 2**63:
         raise Http404("no such payment")
-    payments = Payment.objects.select_related("hold")
-    return get_object_or_404(payments, pk=payment_id, order__owner=owner)
+    return get_object_or_404(
+        Payment.objects.select_related("order", "refund_record", "hold"),
+        pk=payment_id,
+        order__owner=owner,
+    )
+
+
+def order_page_url(request: HttpRequest, merchant_order_no: str) -> str:
+    """The shopper's page of an order, as an absolute URL (the provider's pay page
+    links back to it)."""
+    return request.build_absolute_uri(reverse("order-detail", args=[merchant_order_no]))

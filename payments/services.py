@@ -31,6 +31,7 @@ from ledger.services import (
     merchant_account,
     wallet_get_or_create,
 )
+from ledger.texts import entry_params
 from orders.exceptions import OrderAlreadyPaid
 from orders.models import Order
 from orders.services import (
@@ -122,7 +123,7 @@ def payment_pay_with_balance(*, order_id: int) -> Payment:
             currency=order.currency,
             reference=payment_reference(order),
             kind=JournalEntry.Kind.PAYMENT,
-            description=f"Order {order.merchant_order_no}",
+            params=entry_params("order_payment", order=order.merchant_order_no),
         )
         _succeeded(payment, entry)
         payment.save(
@@ -330,7 +331,9 @@ def _pending_provider_payments(order_id: int) -> QuerySet[Payment]:
     )
 
 
-def payment_pay_with_provider(*, order_id: int, phases: Phases) -> Payment:
+def payment_pay_with_provider(
+    *, order_id: int, phases: Phases, return_url: str = ""
+) -> Payment:
     """Open the order's provider payment, have the provider open its charge, and
     record the charge's pay page: three steps, each committed with a recovery point.
 
@@ -340,11 +343,15 @@ def payment_pay_with_provider(*, order_id: int, phases: Phases) -> Payment:
     every step is safe to repeat: the pending payment is reused, the provider dedupes
     by merchant order number, and a recorded transaction is never overwritten.
     The provider is called outside any transaction, holding no row lock.
+    `return_url` (the shopper's order page) is where the provider's pay page sends
+    the payer back; it is recorded with the first step, so a resumed request uses it.
     """
     if phases.recovery_point == "started":
         with phases.phase("payment_created"):
             payment = payment_provider_start(order_id=order_id)
-            phases.data.update(payment_id=payment.pk, order_id=order_id)
+            phases.data.update(
+                payment_id=payment.pk, order_id=order_id, return_url=return_url
+            )
     payment = Payment.objects.select_related("order").get(pk=phases.data["payment_id"])
     if phases.recovery_point == "payment_created" and not payment.pay_url:
         order = payment.order
@@ -355,6 +362,7 @@ def payment_pay_with_provider(*, order_id: int, phases: Phases) -> Payment:
             amount=order.amount,
             currency=order.currency,
             description=order.description,
+            return_url=phases.data.get("return_url", return_url),
         )
         with phases.phase("provider_answered"):
             payment = payment_record_charge(
@@ -430,7 +438,7 @@ def _refund_locked(*, order: Order, payment: Payment, reason: str) -> Refund:
         currency=payment.currency,
         reference=refund_reference(payment),
         kind=JournalEntry.Kind.REFUND,
-        description=f"Refund of order {order.merchant_order_no}",
+        params=entry_params("order_refund", order=order.merchant_order_no),
     )
     try:
         with transaction.atomic():
@@ -513,7 +521,9 @@ def payment_settle(*, payment_id: int, provider_txn_id: str) -> Payment:
             currency=payment.currency,
             reference=provider_reference(payment),
             kind=JournalEntry.Kind.PAYMENT,
-            description=f"Order {order.merchant_order_no} via provider",
+            params=entry_params(
+                "order_payment_provider", order=order.merchant_order_no
+            ),
         )
         _succeeded(payment, entry)
         if not payment.provider_txn_id:

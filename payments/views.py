@@ -1,44 +1,111 @@
-"""The payment pages of the web UI: an order with its payments, and its Pay button.
+"""The payment pages of the web UI: an order with its payments, its Pay and Refund
+buttons, the live part of the order page, the payment history and receipts.
 
 They live here, above orders, because they show and make payments; the rest of the
 shop's pages are `orders.views`. Every POST is answered with 303 (PRG).
 """
 
+import re
+import secrets
+
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.db import transaction
-from django.http import HttpRequest, HttpResponse
+from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import render
 from django.utils.translation import gettext as _
 from django.views.decorators.http import require_GET, require_POST
 
+from idempotency.calls import idempotent_call
 from idempotency.engine import Phases
+from idempotency.exceptions import IdempotencyKeyInFlight, IdempotencyKeyReused
 from ledger.auth import authenticated
-from ledger.exceptions import AccountNotActive, InsufficientFunds
+from ledger.exceptions import AccountNotActive, DomainError, InsufficientFunds
 from orders.exceptions import OrderAlreadyPaid, OrderNotPayable
+from orders.models import REFUNDABLE_STATES, Order
+from orders.paging import keyset_page
 from orders.selectors import order_get
 from orders.services import order_takes_payment
 from orders.views import HttpResponseSeeOther, to_order
 
-from .exceptions import ProviderRefused, ProviderUnavailable
+from .exceptions import AlreadyRefunded, ProviderRefused, ProviderUnavailable
 from .models import Payment
-from .selectors import payment_list
-from .services import payment_pay_with_balance, payment_pay_with_provider
+from .selectors import order_page_url, payment_get, payment_history, payment_list
+from .services import (
+    payment_pay_with_balance,
+    payment_pay_with_provider,
+    payment_refund,
+)
+
+# The header the live part of the order page carries its state in: the poll swaps
+# the part in only when it changed, and stops once nothing is pending.
+LIVE_STATE_HEADER = "X-Order-State"
+# A one-time form token: issued with the page, the idempotency key of what the form
+# asks for (see `order_refund`).
+FORM_TOKEN = re.compile(r"[A-Za-z0-9_-]{16,64}")
+
+
+def new_form_token() -> str:
+    return secrets.token_urlsafe(18)
+
+
+def user_scope(request: HttpRequest) -> str:
+    """The idempotency scope of the user, the same as the API's: a key is the
+    user's, whichever door it came in by."""
+    return f"user:{authenticated(request).pk}"
+
+
+def _order_context(order: Order) -> dict:
+    """What the order page and its live part show: the order, its payments, what
+    the shopper may do now, and a state the page's poll compares."""
+    payments = list(payment_list(order=order))
+    payable = order_takes_payment(order)
+    pending = [p for p in payments if p.status == Payment.Status.PENDING]
+    # The provider payment to continue on its pay page, while the order takes money.
+    open_provider = next(
+        (p for p in pending if p.method == Payment.Method.PROVIDER and p.pay_url),
+        None,
+    )
+    refundable = None
+    if order.status in REFUNDABLE_STATES:
+        refundable = next(
+            (p for p in payments if p.status == Payment.Status.SUCCEEDED), None
+        )
+    latest = payments[0] if payments else None
+    return {
+        "order": order,
+        "payments": payments,
+        "payable": payable,
+        "open_provider": open_provider if payable else None,
+        # Follow the page while a payment may still settle by itself.
+        "following": bool(pending) and payable,
+        "refundable": refundable,
+        "refund_token": new_form_token() if refundable else "",
+        "latest": latest,
+        "state": ";".join(
+            [str(order.status), *(f"{p.pk}:{p.status}" for p in payments)]
+        ),
+    }
 
 
 @login_required
 @require_GET
 def order_detail(request: HttpRequest, merchant_order_no: str) -> HttpResponse:
     order = order_get(owner=authenticated(request), merchant_order_no=merchant_order_no)
-    return render(
-        request,
-        "orders/order_detail.html",
-        {
-            "order": order,
-            "payments": payment_list(order=order),
-            "payable": order_takes_payment(order),
-        },
-    )
+    return render(request, "orders/order_detail.html", _order_context(order))
+
+
+@login_required
+@require_GET
+def order_live(request: HttpRequest, merchant_order_no: str) -> HttpResponse:
+    """The live part of the order page, which the page polls every second or two
+    while a payment is pending and swaps in when its state changed."""
+    order = order_get(owner=authenticated(request), merchant_order_no=merchant_order_no)
+    context = _order_context(order)
+    response = render(request, "orders/_order_live.html", context)
+    response[LIVE_STATE_HEADER] = context["state"]
+    response["Cache-Control"] = "no-store"
+    return response
 
 
 @login_required
@@ -54,7 +121,11 @@ def order_pay(request: HttpRequest, merchant_order_no: str) -> HttpResponse:
         if request.POST.get("method") == Payment.Method.PROVIDER:
             # This view is the entry point: each step is its own durable transaction.
             steps = Phases.unrecorded()
-            payment = payment_pay_with_provider(order_id=order.pk, phases=steps)
+            payment = payment_pay_with_provider(
+                order_id=order.pk,
+                phases=steps,
+                return_url=order_page_url(request, order.merchant_order_no),
+            )
             return HttpResponseSeeOther(payment.pay_url)
         with transaction.atomic(durable=True):
             payment_pay_with_balance(order_id=order.pk)
@@ -74,3 +145,72 @@ def order_pay(request: HttpRequest, merchant_order_no: str) -> HttpResponse:
     else:
         messages.success(request, _("Paid. Thank you!"))
     return to_order(order.merchant_order_no)
+
+
+@login_required
+@require_POST
+def order_refund(request: HttpRequest, merchant_order_no: str) -> HttpResponse:
+    """Refund the order's payment: `payment_refund`, the API's service, under the
+    API's idempotency engine, keyed by the form's one-time token.
+
+    The token is issued with the page. The same form sent again (a double click, a
+    refresh, a second request racing the first) is the same key: the stored outcome
+    is replayed, or the call waits for the first one to finish. Another form (a
+    second tab, a stale page) is another key, and `payment_refund` itself refuses a
+    second refund under the order's and the payment's row locks: one refund, however
+    often it is asked for.
+    """
+    order = order_get(owner=authenticated(request), merchant_order_no=merchant_order_no)
+    token = request.POST.get("token", "")
+    payment_id = request.POST.get("payment", "")
+    if not FORM_TOKEN.fullmatch(token) or not payment_id.isdigit():
+        messages.error(request, _("This form was not valid; please try again."))
+        return to_order(order.merchant_order_no)
+    payment = payment_get(owner=authenticated(request), payment_id=int(payment_id))
+    if payment.order_id != order.pk:
+        raise Http404("no such payment on this order")
+    try:
+        idempotent_call(
+            user_scope(request),
+            f"web-refund:{token}",
+            lambda: {"refund": payment_refund(payment_id=payment.pk).pk},
+            request={"payment": payment.pk},
+        )
+    except AlreadyRefunded:
+        messages.info(request, _("This payment was already refunded."))
+    except IdempotencyKeyInFlight:
+        messages.info(
+            request, _("Your refund is still being made; this page will show it.")
+        )
+    except IdempotencyKeyReused:
+        messages.error(request, _("This form was not valid; please try again."))
+    except DomainError:
+        messages.error(request, _("This payment cannot be refunded."))
+    else:
+        if payment.method == Payment.Method.BALANCE:
+            messages.success(request, _("Refunded: the money is back in your wallet."))
+        else:
+            messages.success(
+                request,
+                _("Refunded: the money goes back through the payment provider."),
+            )
+    return to_order(order.merchant_order_no)
+
+
+@login_required
+@require_GET
+def payment_history_page(request: HttpRequest) -> HttpResponse:
+    page = keyset_page(payment_history(owner=authenticated(request)), request.GET)
+    return render(
+        request, "payments/payment_list.html", {"payments": page.items, "page": page}
+    )
+
+
+@login_required
+@require_GET
+def payment_receipt(request: HttpRequest, payment_id: int) -> HttpResponse:
+    payment = payment_get(owner=authenticated(request), payment_id=payment_id)
+    refund = getattr(payment, "refund_record", None)
+    return render(
+        request, "payments/payment_receipt.html", {"payment": payment, "refund": refund}
+    )

@@ -206,12 +206,66 @@ class OwnRedis:
         assert self.process is not None
         stop(self.process)
         self.start()
+        from redis import Redis
+
         from idempotency.redis import get_redis
 
         client = get_redis()
-        assert client is not None
+        assert isinstance(client, Redis)
         client.connection_pool.disconnect()
 
     def stop(self) -> None:
         if self.process is not None:
             stop(self.process)
+
+
+# -- benchmark runners (bench/load.py, bench/cluster.py) as the tests run them --------
+
+
+def groups_alive(pgids: list[int]) -> list[int]:
+    alive = []
+    for pgid in pgids:
+        try:
+            os.killpg(pgid, 0)
+        except (ProcessLookupError, PermissionError):
+            continue
+        alive.append(pgid)
+    return alive
+
+
+def run_bench(
+    argv: list[str], workdir: Path, env: dict[str, str], timeout: float
+) -> tuple[int, str, list[int]]:
+    """Run a benchmark runner that writes the process groups it starts to
+    `<workdir>/pgids`; afterwards, whatever happened, SIGKILL every group still
+    alive. Returns (exit status, output, groups that outlived the run)."""
+    process = subprocess.Popen(
+        [*argv, "--workdir", str(workdir)],
+        cwd=ROOT,
+        env={**os.environ, **env},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        output, _ = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGTERM)  # the runner cleans up on SIGTERM
+        with suppress(subprocess.TimeoutExpired):
+            process.communicate(timeout=30)
+        raise
+    finally:
+        with suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+        path = workdir / "pgids"
+        pgids = [int(n) for n in path.read_text().split()] if path.exists() else []
+        deadline = time.monotonic() + 5
+        while (left := groups_alive(pgids)) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        for pgid in left:
+            with suppress(ProcessLookupError, PermissionError):
+                os.killpg(pgid, signal.SIGKILL)
+    assert pgids, "the run started no processes"
+    return process.returncode, output, left

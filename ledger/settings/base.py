@@ -131,12 +131,14 @@ DATABASES = {"default": database_from_url(DATABASE_URL)}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 REDIS_URL = env("REDIS_URL")
+# REDIS_URL names one node of a Redis Cluster (database 0), not a single Redis.
+REDIS_CLUSTER = env_bool("REDIS_CLUSTER")
 
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
 ]
 LOGIN_URL = "login"
-LOGIN_REDIRECT_URL = "/orders/new"
+LOGIN_REDIRECT_URL = "order-list"
 LOGOUT_REDIRECT_URL = "login"
 
 LANGUAGE_CODE = "en"
@@ -213,6 +215,20 @@ if CELERY_BROKER_URL == "filesystem://":
     for _folder in ("queue", "processed", "control"):
         with contextlib.suppress(OSError):
             (_broker_dir / _folder).mkdir(parents=True, exist_ok=True)
+elif CELERY_BROKER_URL.partition(":")[0] in {"amqp", "amqps", "pyamqp"}:
+    # RabbitMQ, as money work wants it (ledger/broker.py says why, line by line):
+    # replicated quorum queues with per-consumer prefetch, countdowns and retries by
+    # the broker's native delayed delivery, and a delivery limit past which a message
+    # that kills its worker every time moves to the dead-letter queue `celery.dead`.
+    from ledger.broker import rabbitmq_queues
+
+    CELERY_DELIVERY_LIMIT = env_int("CELERY_DELIVERY_LIMIT", 10)
+    CELERY_TASK_DEFAULT_EXCHANGE_TYPE = "topic"
+    CELERY_TASK_DEFAULT_QUEUE_TYPE = "quorum"
+    CELERY_TASK_QUEUES = rabbitmq_queues(delivery_limit=CELERY_DELIVERY_LIMIT)
+    CELERY_BROKER_NATIVE_DELAYED_DELIVERY_QUEUE_TYPE = "quorum"
+    # The broker confirms every task it accepts: a lost one is an error, not silence.
+    CELERY_BROKER_TRANSPORT_OPTIONS = {"confirm_publish": True}
 else:
     # Longer than any countdown or eta we use, or Redis would hand a delayed task to a
     # second worker while the first one still waits to run it.
@@ -240,6 +256,11 @@ CELERY_BEAT_SCHEDULE = {
     },
     "idempotency-complete-stuck": {
         "task": "idempotency.tasks.complete_stuck_keys",
+        "schedule": 60.0,
+    },
+    # The journal's hash chain: entries committed since the last run get their seal.
+    "ledger-seal-journal": {
+        "task": "ledger.tasks.seal_journal",
         "schedule": 60.0,
     },
     "ledger-check-invariants": {

@@ -8,7 +8,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('ledger', '0003_holds'),
+        ('ledger', '0007_holds'),
         ('payments', '0005_provider_event_parking'),
     ]
 

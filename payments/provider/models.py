@@ -17,6 +17,9 @@ class Charge(models.Model):
     amount = models.BigIntegerField()
     currency = models.CharField(max_length=3)
     description = models.CharField(max_length=255, blank=True)
+    # Where the payer goes back to once done: the merchant's order page, given by
+    # the merchant when it opens the charge (as real providers take a return URL).
+    return_url = models.URLField(max_length=500, blank=True)
     status = models.CharField(
         max_length=16, choices=Status.choices, default=Status.PENDING
     )

@@ -22,9 +22,17 @@ class ChargeConflict(DomainError):
 
 
 def charge_create(
-    *, merchant_order_no: str, amount: int, currency: str, description: str = ""
+    *,
+    merchant_order_no: str,
+    amount: int,
+    currency: str,
+    description: str = "",
+    return_url: str = "",
 ) -> tuple[Charge, bool]:
     """Open a charge, or return the one this merchant order number already has.
+
+    `return_url` is where the pay page sends the payer back when they are done; the
+    first request's is kept.
 
     Within the dedupe window the same request gets the same transaction back (the
     merchant's retry); a different amount, or a number reused after the window, is a
@@ -41,6 +49,7 @@ def charge_create(
                         amount=amount,
                         currency=currency,
                         description=description,
+                        return_url=return_url,
                     ),
                     True,
                 )

@@ -1,6 +1,7 @@
 """The simulator's HTTP face: a merchant API and a server-rendered pay page."""
 
 import hmac
+from urllib.parse import urlsplit
 
 from django.conf import settings
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
@@ -47,6 +48,23 @@ class _MerchantApi(APIView):
             raise exceptions.AuthenticationFailed("Unknown merchant.")
 
 
+def _web_address(value: str) -> None:
+    """An http(s) address with a host: the pay page links to it, so never a
+    `javascript:` one. Any host name, as the merchant's browser saw it (an intranet
+    name without a dot, a port), is the merchant's to choose."""
+    try:
+        parts = urlsplit(value)
+    except ValueError:
+        parts = None
+    if (
+        parts is None
+        or parts.scheme not in ("http", "https")
+        or not parts.hostname
+        or any(c.isspace() or not c.isprintable() for c in value)
+    ):
+        raise serializers.ValidationError("An http or https URL is required.")
+
+
 class ChargeCreateApi(_MerchantApi):
     class InputSerializer(serializers.Serializer):
         class Meta:
@@ -57,6 +75,13 @@ class ChargeCreateApi(_MerchantApi):
         currency = StrictCharField(min_length=3, max_length=3)
         description = StrictCharField(
             max_length=255, required=False, default="", allow_blank=True
+        )
+        return_url = StrictCharField(
+            max_length=500,
+            required=False,
+            default="",
+            allow_blank=True,
+            validators=[_web_address],
         )
 
     def post(self, request: Request) -> Response:

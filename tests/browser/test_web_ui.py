@@ -41,6 +41,8 @@ def open_page(browser, live_server, *, javascript: bool = True, **context):
     page.fill("#id_username", "shopper")
     page.fill("#id_password", PASSWORD)
     page.click("#log-in")
+    page.wait_for_url(re.compile(r".*/orders$"))  # the order list
+    page.goto("/orders/new")
     page.wait_for_url(FORM_URL)
     page.posts.clear()
     return page

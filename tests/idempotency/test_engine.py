@@ -362,7 +362,7 @@ def test_a_known_caller_executes_in_two_redis_round_trips(
     assert response.status_code == 201 and alice.deposits() == 2
     # The middleware's begin took the lock the engine used; finish released it.
     assert sent == ["EVALSHA", "EVALSHA"]
-    assert not get_redis().keys("idem:lock:*")
+    assert not get_redis().keys("idem:*:lock")
     assert alice.post(DEPOSITS, {"amount": 5}, key)["Idempotent-Replayed"] == "true"
 
 
@@ -371,7 +371,7 @@ def test_a_lock_no_idempotent_view_adopts_is_released(alice, key, needs_redis):
     # The middleware takes the lock before it knows where the request goes.
     missing = alice.post("/test/no-such-endpoint", {"amount": 5}, key)
     assert missing.status_code == 404
-    assert not get_redis().keys("idem:lock:*")
+    assert not get_redis().keys("idem:*:lock")
     assert alice.post(DEPOSITS, {"amount": 5}, key).status_code == 201
 
 

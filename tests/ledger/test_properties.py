@@ -1,6 +1,7 @@
 """Any sequence of ledger operations keeps every invariant."""
 
 import pytest
+from django.contrib.auth.models import User
 from django.db import transaction
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -9,10 +10,13 @@ from ledger.exceptions import DomainError
 from ledger.invariants import ledger_report
 from ledger.models import Account
 from ledger.services import (
+    TransferItem,
     account_freeze,
     account_unfreeze,
+    journal_seal,
     ledger_deposit,
     ledger_transfer,
+    transfer_batch_create,
 )
 from tests.factories import WalletFactory
 
@@ -26,6 +30,13 @@ operations = st.lists(
         st.tuples(
             st.just("transfer"), st.tuples(accounts, accounts), amounts, references
         ),
+        # A customers' batch: all or nothing (one to oneself refuses it all).
+        st.tuples(
+            st.just("batch"),
+            accounts,
+            st.lists(st.tuples(accounts, amounts), min_size=1, max_size=4),
+        ),
+        st.just(("seal",)),
         st.tuples(st.just("freeze"), accounts),
         st.tuples(st.just("unfreeze"), accounts),
     ),
@@ -74,6 +85,23 @@ def apply(op, wallets):
                 currency="CNY",
                 reference=ref,
             )
+        case ("batch", source, items):
+            owners = dict(
+                Account.objects.filter(pk__in=wallets).values_list("pk", "owner")
+            )
+            sender = User.objects.get(pk=owners[wallets[source]])
+            names = dict(User.objects.values_list("pk", "username"))
+            transfer_batch_create(
+                sender=sender,
+                items=[
+                    TransferItem(
+                        to=names[owners[wallets[to]]], amount=amount, currency="CNY"
+                    )
+                    for to, amount in items
+                ],
+            )
+        case ("seal",):
+            journal_seal()
         case ("freeze", who):
             account_freeze(account_id=wallets[who])
         case ("unfreeze", who):

@@ -7,20 +7,11 @@ and that no process it started outlives it.
 """
 
 import json
-import os
-import signal
-import subprocess
 import sys
-from contextlib import suppress
 
 import pytest
 
-from tests.ops.test_chaos import (
-    ROOT,
-    kill_groups,
-    started_groups,
-    wait_until_gone,
-)
+from tests.servers import run_bench
 
 FIGURES = {
     "double_executions",
@@ -48,32 +39,14 @@ FIGURES = {
 @pytest.mark.slow
 @pytest.mark.timeout(290)
 def test_the_quick_benchmark_prints_every_figure(tmp_path):
-    workdir = tmp_path / "run"
-    bench = [sys.executable, "bench/idempotency_overhead.py", "--quick"]
-    process = subprocess.Popen(
-        [*bench, "--workdir", str(workdir)],
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
+    status, output, left = run_bench(
+        [sys.executable, "bench/idempotency_overhead.py", "--quick"],
+        tmp_path / "run",
+        {},
+        timeout=240,
     )
-    try:
-        output, _ = process.communicate(timeout=240)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGTERM)  # the run cleans up on SIGTERM
-        with suppress(subprocess.TimeoutExpired):
-            process.communicate(timeout=30)
-        raise
-    finally:
-        with suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGKILL)
-        process.wait()
-        left = wait_until_gone(started_groups(workdir), 5)
-        kill_groups(left)
-
     assert not left, f"process groups outlived the run: {left}"
-    assert process.returncode == 0, output[-6000:]
+    assert status == 0, output[-6000:]
     result = json.loads(output.strip().splitlines()[-1])
     assert not FIGURES - set(result), "figures missing"
     assert result["double_executions"] == 0

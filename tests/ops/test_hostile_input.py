@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from idempotency.jsonparse import MAX_DEPTH
 from idempotency.models import IdempotencyRecord
-from ledger.models import JournalEntry
+from ledger.models import JournalEntry, Transfer
 from ledger.openapi import problem_codes
 from orders.models import Order
 from payments.models import Payment, ProviderEvent, Refund
@@ -54,6 +54,7 @@ class World:
             "events": ProviderEvent.objects.count(),
             "paid": Order.objects.filter(status=Order.Status.PAID).count(),
             "cancelled": Order.objects.filter(status=Order.Status.CANCELLED).count(),
+            "transfers": Transfer.objects.count(),
         }
 
     def writes(self) -> list[str]:
@@ -63,6 +64,7 @@ class World:
             "/api/v1/orders",
             f"/api/v1/orders/{no}/pay",
             f"/api/v1/payments/{self.payment.pk}/refund",
+            "/api/v1/transfers",
         ]
 
     def post(self, path: str, raw: bytes, key: str | None = None):
@@ -167,6 +169,17 @@ def surrogate_cases(world: World) -> list[tuple[str, dict, str]]:
             "currency",
         ),
         (f"/api/v1/payments/{world.payment.pk}/refund", {SURROGATE: "x"}, SURROGATE),
+        ("/api/v1/transfers", {"to": SURROGATE, "amount": 1, "currency": "CNY"}, "to"),
+        (
+            "/api/v1/transfers",
+            {"to": "bob", "amount": 1, "currency": "CNY", "description": SURROGATE},
+            "description",
+        ),
+        (
+            "/api/v1/transfers",
+            {"transfers": [{"to": SURROGATE, "amount": 1, "currency": "CNY"}]},
+            "transfers",
+        ),
         (
             f"/api/v1/payments/{world.payment.pk}/refund",
             {"reason": SURROGATE},
@@ -311,12 +324,15 @@ def nest(value: bytes, depth: int) -> bytes:
     suppress_health_check=list(HealthCheck),
 )
 @given(
-    target=st.sampled_from(["order", "pay", "refund", "cancel", "detail", "key"]),
+    target=st.sampled_from(
+        ["order", "pay", "refund", "cancel", "detail", "key", "transfer", "list"]
+    ),
     fields=st.dictionaries(
         st.sampled_from(
             [
                 *("merchant_order_no", "amount", "currency", "description"),
                 *("method", "reason", "x", SURROGATE, "\x00"),
+                *("to", "transfers"),
             ]
         ),
         hostile_values,
@@ -347,6 +363,10 @@ def test_no_hostile_input_gets_a_5xx_and_a_refusal_writes_nothing(
             response = client.get(f"/api/v1/orders/{no}")
         case "key":
             response = client.get(f"/api/v1/idempotency-keys/{no}")
+        case "transfer":
+            response = world.post("/api/v1/transfers", raw)
+        case "list":
+            response = client.get(f"/api/v1/orders?status={no}")
     assert response.status_code < 500, response.content[:300]
     if response.status_code >= 400:  # refused: problem+json, and nothing written
         assert_problem_json(response)

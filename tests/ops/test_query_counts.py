@@ -135,6 +135,37 @@ def test_web_pay_button(alice, client):
     assert_statements(16, 303, lambda: client.post(url))
 
 
+@pytest.fixture
+def recipients():
+    from ledger.services import customer_get_or_create
+
+    return [customer_get_or_create(username=f"r{n}", currency="CNY")[0]
+            for n in range(100)]  # fmt: skip
+
+
+def test_transfer(alice, recipients):
+    _, client = alice
+    body = {"to": "r0", "amount": 100, "currency": "CNY"}
+    # token, BEGIN, key lookup, the recipients, every wallet locked in one statement
+    # (in id order), the batch, the entry, the debit and the credit (each UPDATE ...
+    # RETURNING the balance and version the postings record), postings, transfer,
+    # key record, COMMIT
+    assert_statements(
+        13, 201, lambda: post(client, "/api/v1/transfers", body, new_key())
+    )
+
+
+def test_a_batch_of_100_transfers_costs_what_one_does(alice, recipients):
+    _, client = alice
+    items = [{"to": f"r{n}", "amount": 1, "currency": "CNY"} for n in range(100)]
+    # the same statements as one transfer: each does the whole batch at once
+    assert_statements(
+        13,
+        201,
+        lambda: post(client, "/api/v1/transfers", {"transfers": items}, new_key()),
+    )
+
+
 def test_authorize(alice):
     user, client = alice
     path = f"/api/v1/orders/{place_order(user).merchant_order_no}/pay"

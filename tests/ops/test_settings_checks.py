@@ -40,6 +40,16 @@ def test_a_setting_that_weakens_a_guarantee_is_refused(settings, setting, value,
     assert refused() == [code]
 
 
+@pytest.mark.parametrize(
+    "url", ["", "redis://127.0.0.1:7000/3", "unix:///run/redis.sock"]
+)
+def test_a_redis_cluster_needs_a_node_and_database_0(settings, url):
+    settings.REDIS_CLUSTER, settings.REDIS_URL = True, url
+    assert refused() == ["idempotency.E005"]
+    settings.REDIS_URL = "redis://127.0.0.1:7000/0"
+    assert refused() == []
+
+
 def test_manage_py_stops_on_a_purge_grace_from_the_environment():
     env = {**os.environ, "PREORDER_PURGE_AFTER_SECONDS": "60"}
     result = subprocess.run(

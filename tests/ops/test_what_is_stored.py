@@ -50,7 +50,19 @@ def refund(user) -> Endpoint:
     return Endpoint(path, {"reason": "damaged"}, {"reason": 5}, 201)
 
 
-ENDPOINTS = {"orders": orders, "pay": pay, "cancel": cancel, "refund": refund}
+def transfers(user) -> Endpoint:
+    customer("bob")
+    good = {"to": "bob", "amount": 100, "currency": "CNY"}
+    return Endpoint("/api/v1/transfers", good, {**good, "amount": "lots"}, 201)
+
+
+ENDPOINTS = {
+    "orders": orders,
+    "pay": pay,
+    "cancel": cancel,
+    "refund": refund,
+    "transfers": transfers,
+}
 
 
 @pytest.fixture
@@ -101,6 +113,9 @@ def business_refusal(user, endpoint: str) -> tuple[str, dict, int, str]:
         order = place_order(user, amount=10**9)
         path = f"/api/v1/orders/{order.merchant_order_no}/pay"
         return path, {"method": "balance"}, 422, "insufficient_funds"
+    if endpoint == "transfers":
+        body = {"to": "nobody", "amount": 1, "currency": "CNY"}
+        return "/api/v1/transfers", body, 422, "recipient_unknown"
     order = place_order(user)
     payment = payment_pay_with_balance(order_id=order.pk)
     if endpoint == "cancel":

@@ -50,7 +50,7 @@ def test_login_and_logout(client):
     response = client.post(
         "/login", {"username": "bob", "password": "s3cret-pass-1"}, follow=True
     )
-    assert response.redirect_chain[0] == ("/orders/new", 302)
+    assert response.redirect_chain[0] == ("/orders", 302)  # the order list
     assert client.post("/logout").status_code == 302
     assert client.get("/orders").status_code == 302
 
@@ -70,9 +70,33 @@ def test_new_order_form_issues_a_one_time_token(client, shopper):
     token = form_token(response)
     assert PreOrder.objects.get(merchant_order_no=token).owner == user
     assert "no-store" not in response.get("Cache-Control", "")
-    assert form_token(new_form(client)) != token  # a fresh form, a fresh token
     again = client.get(f"/orders/new?token={token}")  # back to that form
     assert form_token(again) == token
+
+
+def test_the_form_issues_one_pre_order_per_visit_until_it_is_used(client, shopper):
+    """Showing the form again (the nav link, a reload, a second tab) reuses the
+    visit's unused number; only placing an order with it makes the next form new."""
+    user, _ = shopper
+    token = form_token(new_form(client))
+    for _ in range(3):
+        assert form_token(new_form(client)) == token
+    assert PreOrder.objects.filter(owner=user).count() == 1
+    client.post("/orders/new", {"token": token, "amount": "3", "description": "Tea"})
+    fresh = form_token(new_form(client))
+    assert fresh != token
+    assert form_token(new_form(client)) == fresh
+    assert PreOrder.objects.filter(owner=user).count() == 2
+    # Another visit (a new session) gets its own number.
+    client.logout()
+    client.force_login(user)
+    assert form_token(new_form(client)) not in (token, fresh)
+    # An expired number is not reused.
+    PreOrder.objects.filter(owner=user).update(
+        expires_at=timezone.now() - timedelta(seconds=1)
+    )
+    expired = PreOrder.objects.filter(owner=user).order_by("-id").first()
+    assert form_token(new_form(client)) != expired.merchant_order_no
 
 
 def test_form_of_a_placed_order_says_so_and_keeps_its_token(client, shopper):

@@ -832,3 +832,21 @@ def test_captures_crossing_payments_and_refunds_never_deadlock(on_postgres):
         assert not [r for r in results if isinstance(r, Exception)], results
     assert money(wallet)[1] == 0
     assert_ledger_ok()
+
+
+def test_a_transfer_needs_available_money_too():
+    user, client, wallet = customer("alice", balance=1500)
+    customer("bob")
+    pay(client, place_order(user, amount=1000))
+    body = {"to": "bob", "amount": 600, "currency": "CNY"}
+    refused = client.post(
+        "/api/v1/transfers", body, format="json", headers={"Idempotency-Key": new_key()}
+    )
+    assert_problem(refused, 422, "insufficient_funds")
+    body["amount"] = 500
+    sent = client.post(
+        "/api/v1/transfers", body, format="json", headers={"Idempotency-Key": new_key()}
+    )
+    assert sent.status_code == 201, sent.content
+    assert money(wallet) == (1000, 1000, 0)
+    assert_ledger_ok()

@@ -8,7 +8,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('ledger', '0002_append_only'),
+        ('ledger', '0006_merge_params_and_transfers'),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 

@@ -1,0 +1,99 @@
+"""Celery on RabbitMQ, set up for work that moves money.
+
+- **Quorum queues.** The task queue is replicated by Raft across the broker's nodes, so
+  a task the web process handed over survives the loss of a node. Celery sees the
+  quorum queue and switches to per-consumer prefetch (quorum queues have no global
+  QoS); `CELERY_WORKER_PREFETCH_MULTIPLIER = 1` keeps it at one message a process.
+- **Native delayed delivery.** A countdown (a retry's backoff, a re-drive later) is
+  published to the broker's delay exchanges (`celery_delayed_0..27`, one bit of the
+  delay each), which hand the message to the queue when it is due. No worker holds a
+  delayed task unacknowledged in memory, and the broker's redelivery of a worker's
+  unacknowledged messages never fires a delayed task early. It needs a topic exchange.
+- **A delivery limit and a dead-letter queue.** Tasks are acknowledged late, so a
+  message whose worker dies while running it is delivered again: what we want for a
+  worker killed by a deploy, and a loop for ever for a message that kills its worker
+  every time. After `CELERY_DELIVERY_LIMIT` deliveries the broker moves it, at least
+  once, to `celery.dead` instead, where `manage.py dead_letters` shows it and, once
+  the cause is fixed, sends it back. Every task is idempotent, so a message delivered
+  again or sent back from the dead-letter queue changes nothing twice.
+"""
+
+from typing import Any
+
+from kombu import Connection, Exchange, Queue
+
+TASK_QUEUE = "celery"
+DEAD_LETTERS = "celery.dead"
+
+
+def rabbitmq_queues(*, delivery_limit: int) -> list[Queue]:
+    """The task queue: quorum, topic-routed, dead-lettering past `delivery_limit`."""
+    return [
+        Queue(
+            TASK_QUEUE,
+            Exchange(TASK_QUEUE, type="topic"),
+            routing_key=TASK_QUEUE,
+            queue_arguments={
+                "x-queue-type": "quorum",
+                "x-delivery-limit": delivery_limit,
+                "x-dead-letter-exchange": DEAD_LETTERS,
+                # At-least-once dead lettering: the broker keeps a message until the
+                # dead-letter queue has confirmed it (it needs reject-publish).
+                "x-dead-letter-strategy": "at-least-once",
+                "x-overflow": "reject-publish",
+            },
+        )
+    ]
+
+
+def dead_letter_queue() -> Queue:
+    return Queue(
+        DEAD_LETTERS,
+        Exchange(DEAD_LETTERS, type="fanout"),
+        queue_arguments={"x-queue-type": "quorum"},
+    )
+
+
+def declare_dead_letter_queue(connection: Connection) -> None:
+    """Declare `celery.dead` (workers call it at start, before any dead letter)."""
+    dead_letter_queue()(connection.default_channel).declare()
+
+
+def dead_letters(connection: Connection, *, requeue: bool = False) -> list[dict]:
+    """Describe every message in the dead-letter queue; with `requeue`, send each one
+    back to the task queue (the task, being idempotent, runs or changes nothing)."""
+    channel = connection.default_channel
+    queue = dead_letter_queue()(channel)
+    queue.declare()
+    found: list[dict[str, Any]] = []
+    held = []
+    producer = connection.Producer(channel) if requeue else None
+    while (message := queue.get(no_ack=False)) is not None:
+        headers = message.headers or {}
+        found.append(
+            {
+                "task": headers.get("task"),
+                "id": headers.get("id"),
+                "argsrepr": headers.get("argsrepr"),
+                "deliveries": headers.get("x-delivery-count"),
+            }
+        )
+        if producer is not None:
+            # Published again with its own body and headers (minus the broker's
+            # record of its deaths), then taken off the dead-letter queue.
+            producer.publish(
+                message.body,
+                exchange=TASK_QUEUE,
+                routing_key=TASK_QUEUE,
+                headers={k: v for k, v in headers.items() if not k.startswith("x-")},
+                content_type=message.content_type,
+                content_encoding=message.content_encoding,
+                delivery_mode=2,
+            )
+            message.ack()
+        else:
+            held.append(message)
+    # Only looked at: back where they were, in order, once we have seen them all.
+    for message in held:
+        message.reject(requeue=True)
+    return found

@@ -1,0 +1,337 @@
+"""Transfers between customers: one, or a batch of up to 100, all or nothing."""
+
+import pytest
+from django.db.models import Sum
+from rest_framework.test import APIClient
+
+from idempotency.models import IdempotencyRecord
+from ledger.invariants import ledger_report
+from ledger.models import Account, JournalEntry, Posting, Transfer
+from ledger.services import account_freeze, customer_get_or_create
+from tests.conftest import run_in_threads
+from tests.helpers import assert_problem, balance, customer, new_key
+
+pytestmark = pytest.mark.django_db
+
+PATH = "/api/v1/transfers"
+
+
+def send(client, body, key: str | None = None):
+    return client.post(
+        PATH, body, format="json", headers={"Idempotency-Key": key or new_key()}
+    )
+
+
+def client_of(username: str) -> APIClient:
+    _, token, _ = customer_get_or_create(username=username, currency="CNY")
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Token {token}")
+    return client
+
+
+@pytest.fixture
+def alice():
+    return customer("alice", balance=10_000)
+
+
+@pytest.fixture
+def bob():
+    return customer("bob")
+
+
+def test_a_transfer_debits_the_sender_and_credits_the_recipient_once(alice, bob):
+    _, client, wallet = alice
+    _, bob_client, bob_wallet = bob
+    response = send(
+        client, {"to": "bob", "amount": 2500, "currency": "CNY", "description": "Tea"}
+    )
+    assert response.status_code == 201, response.content
+    body = response.json()
+    assert set(body) == {
+        "id", "from", "to", "amount", "currency", "status", "created_at"
+    }  # fmt: skip
+    assert (body["from"], body["to"], body["amount"], body["status"]) == (
+        "alice",
+        "bob",
+        2500,
+        "succeeded",
+    )
+    assert (balance(wallet), balance(bob_wallet)) == (7500, 2500)
+    entry = Transfer.objects.get(pk=body["id"]).entry
+    assert entry.kind == "transfer"
+    assert sorted(entry.postings.values_list("account_id", "amount")) == sorted(
+        [(wallet.pk, -2500), (bob_wallet.pk, 2500)]
+    )
+    # Both see it among their entries, with the balance it left them.
+    mine = client.get("/api/v1/accounts/me/entries").json()["results"][0]
+    theirs = bob_client.get("/api/v1/accounts/me/entries").json()["results"][0]
+    assert (mine["kind"], mine["amount"], mine["balance_after"]) == (
+        "transfer",
+        -2500,
+        7500,
+    )
+    assert (theirs["amount"], theirs["balance_after"], theirs["description"]) == (
+        2500,
+        2500,
+        "Tea",
+    )
+    assert ledger_report()["ok"]
+
+
+def test_a_retry_with_the_same_key_replays(alice, bob):
+    _, client, wallet = alice
+    key = new_key()
+    first = send(client, {"to": "bob", "amount": 100, "currency": "CNY"}, key)
+    again = send(client, {"to": "bob", "amount": 100, "currency": "CNY"}, key)
+    assert first.status_code == again.status_code == 201
+    assert again["Idempotent-Replayed"] == "true"
+    assert again.content == first.content
+    assert Transfer.objects.count() == 1
+    assert balance(wallet) == 9900
+    refused = send(client, {"to": "bob", "amount": 101, "currency": "CNY"}, key)
+    assert_problem(refused, 422, "idempotency_key_reused")
+
+
+def test_a_batch_moves_everything_in_order(alice, bob):
+    _, client, wallet = alice
+    _, _, carol_wallet = customer("carol")
+    items = [
+        {"to": "bob", "amount": 100, "currency": "CNY"},
+        {"to": "carol", "amount": 200, "currency": "CNY", "description": "Rent"},
+        {"to": "bob", "amount": 300, "currency": "CNY"},
+    ]
+    response = send(client, {"transfers": items})
+    assert response.status_code == 201, response.content
+    body = response.json()
+    assert [(t["to"], t["amount"]) for t in body["transfers"]] == [
+        ("bob", 100),
+        ("carol", 200),
+        ("bob", 300),
+    ]
+    assert len({t["id"] for t in body["transfers"]}) == 3
+    assert Transfer.objects.filter(batch_id=body["id"]).count() == 3
+    assert (balance(wallet), balance(bob[2]), balance(carol_wallet)) == (
+        9400,
+        400,
+        200,
+    )
+    # Each posting explains itself: the sender's balance step by step, and the
+    # version counting every posting.
+    steps = list(
+        Posting.objects.filter(account=wallet)
+        .order_by("id")
+        .values_list("amount", "balance_after", "version")
+    )
+    assert steps == [(10_000, 10_000, 1), (-100, 9900, 2), (-200, 9700, 3),
+                     (-300, 9400, 4)]  # fmt: skip
+    wallet.refresh_from_db()
+    assert wallet.version == 4
+    assert ledger_report()["ok"]
+
+
+def test_a_batch_with_refused_items_moves_nothing_and_names_each(alice, bob):
+    _, client, wallet = alice
+    customer("frozen")
+    account_freeze(account_id=Account.objects.get(owner__username="frozen").pk)
+    entries = JournalEntry.objects.count()
+    items = [
+        {"to": "bob", "amount": 100, "currency": "CNY"},
+        {"to": "nobody", "amount": 100, "currency": "CNY"},  # 1 recipient_unknown
+        {"to": "alice", "amount": 100, "currency": "CNY"},  # 2 invalid_transfer
+        {"to": "bob", "amount": 0, "currency": "CNY"},  # 3 invalid_transfer
+        {"to": "bob", "amount": -5, "currency": "CNY"},  # 4 invalid_transfer
+        {"to": "bob", "amount": 9900, "currency": "CNY"},  # the rest of the money
+        {"to": "bob", "amount": 1, "currency": "CNY"},  # 6 insufficient_funds
+        {"to": "bob", "amount": 1, "currency": "USD"},  # 7 currency_mismatch
+        {"to": "frozen", "amount": 1, "currency": "CNY"},  # 8 account_not_active
+    ]
+    body = assert_problem(send(client, {"transfers": items}), 422, "recipient_unknown")
+    assert body["errors"] == [
+        {"index": 1, "code": "recipient_unknown"},
+        {"index": 2, "code": "invalid_transfer"},
+        {"index": 3, "code": "invalid_transfer"},
+        {"index": 4, "code": "invalid_transfer"},
+        {"index": 6, "code": "insufficient_funds"},
+        {"index": 7, "code": "currency_mismatch"},
+        {"index": 8, "code": "account_not_active"},
+    ]
+    assert JournalEntry.objects.count() == entries
+    assert not Transfer.objects.exists()
+    assert (balance(wallet), balance(bob[2])) == (10_000, 0)
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "code"),
+    [
+        ({"to": "bob", "amount": 10_001, "currency": "CNY"}, 422, "insufficient_funds"),
+        ({"to": "nobody", "amount": 1, "currency": "CNY"}, 422, "recipient_unknown"),
+        ({"to": "alice", "amount": 1, "currency": "CNY"}, 422, "invalid_transfer"),
+        ({"to": "bob", "amount": 0, "currency": "CNY"}, 422, "invalid_transfer"),
+        ({"to": "bob", "amount": -1, "currency": "CNY"}, 422, "invalid_transfer"),
+        ({"to": "bob", "amount": 1, "currency": "USD"}, 422, "currency_mismatch"),
+    ],
+)
+def test_a_refused_transfer_moves_nothing(alice, bob, body, status, code):
+    _, client, wallet = alice
+    key = new_key()
+    assert_problem(send(client, body, key), status, code)
+    assert not Transfer.objects.exists()
+    assert balance(wallet) == 10_000
+    # A business refusal is stored: the same request again is its replay.
+    again = send(client, body, key)
+    assert again.status_code == status
+    assert again["Idempotent-Replayed"] == "true"
+
+
+@pytest.mark.parametrize("who", ["alice", "bob"])
+def test_a_frozen_wallet_on_either_side_refuses(alice, bob, who):
+    _, client, _ = alice
+    account_freeze(account_id=Account.objects.get(owner__username=who).pk)
+    body = {"to": "bob", "amount": 1, "currency": "CNY"}
+    assert_problem(send(client, body), 409, "account_not_active")
+    assert not Transfer.objects.exists()
+
+
+ITEM: dict = {"to": "bob", "amount": 1, "currency": "CNY"}
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {},
+        {"amount": 1, "currency": "CNY"},
+        {"to": "bob", "currency": "CNY"},
+        {"to": "bob", "amount": 1},
+        {"to": "bob", "amount": 10**30, "currency": "CNY"},
+        {"to": "bob", "amount": -(10**30), "currency": "CNY"},
+        {"to": "bob", "amount": "1", "currency": "CNY"},
+        {"to": "bob", "amount": 1.5, "currency": "CNY"},
+        {"to": "bob", "amount": True, "currency": "CNY"},
+        {"to": "bob", "amount": 1, "currency": "ZZZ"},
+        {"to": 7, "amount": 1, "currency": "CNY"},
+        {"to": "bob", "amount": 1, "currency": "CNY", "extra": 1},
+        {"to": "b" * 151, "amount": 1, "currency": "CNY"},
+        {"transfers": []},
+        {"transfers": [ITEM] * 101},
+        {"transfers": ITEM},
+        {"transfers": [ITEM, {**ITEM, "amount": 10**30}]},
+        {"transfers": [ITEM, {**ITEM, "sneaky": True}]},
+        {"transfers": [ITEM], "to": "bob"},
+        [ITEM],
+    ],
+)
+def test_bad_input_is_a_400_problem_and_writes_nothing(alice, bob, body):
+    _, client, wallet = alice
+    key = new_key()
+    body = assert_problem(send(client, body, key), 400, "validation_error")
+    assert body["errors"]
+    assert not Transfer.objects.exists()
+    assert balance(wallet) == 10_000
+    # Refused for its form: the key stays free for the corrected request.
+    assert send(client, ITEM, key).status_code == 201
+
+
+def test_malformed_json_is_a_400_problem(alice, bob):
+    _, client, _ = alice
+    response = client.post(
+        PATH, b'{"to": ', content_type="application/json",
+        headers={"Idempotency-Key": new_key()},
+    )  # fmt: skip
+    assert_problem(response, 400, "malformed_json")
+    assert_problem(client.post(PATH, ITEM, format="json"), 400,
+                   "idempotency_key_missing")  # fmt: skip
+
+
+def test_sender_and_recipient_see_a_transfer_nobody_else(alice, bob):
+    _, client, _ = alice
+    _, bob_client, _ = bob
+    _, carol_client, _ = customer("carol")
+    made = send(client, ITEM).json()
+    url = f"{PATH}/{made['id']}"
+    assert client.get(url).json() == made
+    assert bob_client.get(url).json() == made
+    assert_problem(carol_client.get(url), 404, "not_found")
+    assert_problem(client.get(f"{PATH}/{made['id'] + 1000}"), 404, "not_found")
+    assert_problem(client.get(f"{PATH}/{2**70}"), 404, "not_found")
+    assert APIClient().get(url).status_code == 401
+
+
+def test_a_batch_of_100_to_100_recipients(alice):
+    _, client, wallet = alice
+    names = [f"r{n}" for n in range(100)]
+    for name in names:
+        customer_get_or_create(username=name, currency="CNY")
+    items = [{"to": name, "amount": n + 1, "currency": "CNY"} for n, name in
+             enumerate(names)]  # fmt: skip
+    response = send(client, {"transfers": items})
+    assert response.status_code == 201, response.content
+    assert balance(wallet) == 10_000 - sum(range(1, 101))
+    assert Posting.objects.filter(entry__kind="transfer").count() == 200
+    assert ledger_report()["ok"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_opposite_transfers_from_20_threads_never_deadlock():
+    users = ["alice", "bob", "carol"]
+    for name in users:
+        customer(name, balance=100_000)
+    clients = {name: client_of(name) for name in users}
+
+    def work(i: int) -> int:
+        sender, to = users[i % 3], users[(i + 1 + i // 3 % 2) % 3]
+        if i % 4 == 0:  # some batches, crossing the others' directions
+            others = [u for u in users if u != sender]
+            body: dict = {
+                "transfers": [
+                    {"to": name, "amount": 10 + i, "currency": "CNY"}
+                    for name in (others + others[::-1])
+                ]
+            }
+        else:
+            body = {"to": to, "amount": 100 + i, "currency": "CNY"}
+        return send(clients[sender], body).status_code
+
+    statuses = run_in_threads(20, work)
+    assert statuses == [201] * 20, statuses
+    wallets = Account.objects.filter(owner__username__in=users)
+    assert wallets.aggregate(total=Sum("balance"))["total"] == 300_000
+    report = ledger_report()
+    assert report["ok"], report["violations"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_30_keys_sending_the_last_money_succeed_as_often_as_affordable():
+    _, _, wallet = customer("alice", balance=500)
+    _, _, bob_wallet = customer("bob")
+    clients = [client_of("alice") for _ in range(30)]
+
+    def work(i: int):
+        return send(clients[i], {"to": "bob", "amount": 100, "currency": "CNY"})
+
+    responses = run_in_threads(30, work)
+    statuses = sorted(r.status_code for r in responses)
+    assert statuses == [201] * 5 + [422] * 25, statuses
+    for response in responses:
+        if response.status_code == 422:
+            assert_problem(response, 422, "insufficient_funds")
+    assert (balance(wallet), balance(bob_wallet)) == (0, 500)
+    assert Transfer.objects.count() == 5
+    assert ledger_report()["ok"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_one_key_from_10_threads_transfers_once():
+    _, _, wallet = customer("alice", balance=1000)
+    customer("bob")
+    clients = [client_of("alice") for _ in range(10)]
+    key = new_key()
+
+    def work(i: int):
+        return send(clients[i], {"to": "bob", "amount": 100, "currency": "CNY"}, key)
+
+    responses = run_in_threads(10, work)
+    assert {r.status_code for r in responses} <= {201, 409}, responses
+    assert any(r.status_code == 201 for r in responses)
+    assert Transfer.objects.count() == 1
+    assert balance(wallet) == 900
+    assert IdempotencyRecord.objects.filter(key=key).count() == 1
