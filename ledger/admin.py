@@ -22,6 +22,7 @@ from .backoffice import (
 from .exceptions import AccountTransitionRefused, DomainError, StaleVersion
 from .models import (
     Account,
+    Hold,
     JournalEntry,
     JournalSeal,
     Posting,
@@ -138,6 +139,7 @@ class AccountAdmin(BackofficeMixin, admin.ModelAdmin):
         "id",
         "owner",
         "balance_money",
+        "held_money",
         "status",
         "kind",
         "code",
@@ -147,11 +149,12 @@ class AccountAdmin(BackofficeMixin, admin.ModelAdmin):
     list_filter = ("kind", "status", "currency")
     search_fields = ("owner__username", "code")
     list_select_related = ("owner",)
-    readonly_fields = ("balance_money", "version", "status", "created_at")
+    readonly_fields = ("balance_money", "held_money", "version", "status", "created_at")
     fields = ("owner", "code", "kind", "currency", *readonly_fields)
     actions = ("credit", "freeze", "unfreeze", "close")
 
     balance_money = money_column("balance", _("balance"))
+    held_money = money_column("held", _("held"))
 
     def has_delete_permission(self, request: HttpRequest, obj=None) -> bool:
         return False
@@ -415,3 +418,23 @@ class TransferBatchAdmin(ReadOnlyAdmin):
     list_display = ("id", "sender", "created_at")
     list_select_related = ("sender",)
     search_fields = ("sender__username",)
+
+
+@admin.register(Hold)
+class HoldAdmin(ReadOnlyAdmin):
+    """Holds move only through their services (the payment's capture and void, in
+    the Payments admin, and the expiry): read-only here."""
+
+    list_display = (
+        "id",
+        "account",
+        "amount",
+        "status",
+        "reference",
+        "expires_at",
+        "created_at",
+        "released_at",
+    )
+    list_filter = ("status",)
+    search_fields = ("reference", "account__owner__username")
+    list_select_related = ("account", "account__owner")

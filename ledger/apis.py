@@ -43,7 +43,11 @@ class AccountMeApi(APIView):
 
         id = serializers.IntegerField()
         currency = serializers.CharField()
-        balance = serializers.IntegerField()
+        balance = serializers.IntegerField(help_text="What the postings sum to.")
+        held = serializers.IntegerField(help_text="The sum of the active holds.")
+        available = serializers.IntegerField(
+            help_text="`balance - held`: what a debit or a new hold may take."
+        )
         version = serializers.IntegerField()
 
     @extend_schema(responses={200: OutputSerializer})

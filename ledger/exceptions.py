@@ -18,7 +18,10 @@ class InsufficientFunds(DomainError):
     status = 422
     code = "insufficient_funds"
     title = "Insufficient funds"
-    default_detail = "The account balance is lower than the amount."
+    default_detail = (
+        "The account's available money (its balance less what holds reserve) is "
+        "lower than the amount."
+    )
 
 
 class AccountNotActive(DomainError):
@@ -99,3 +102,10 @@ class NotAWallet(DomainError):
     code = "not_a_wallet"
     title = "Not a customer wallet"
     default_detail = "Only a customer's wallet can be credited."
+
+
+class HoldNotActive(DomainError):
+    status = 409
+    code = "hold_not_active"
+    title = "Hold not active"
+    default_detail = "The hold was already captured, voided or expired."

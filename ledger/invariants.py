@@ -17,7 +17,7 @@ from django.db.models import Count, F, OuterRef, Q, Subquery, Sum
 from django.db.models.functions import Coalesce
 
 from .journal import GENESIS, chain_hash
-from .models import Account, JournalEntry, JournalSeal, Posting
+from .models import Account, Hold, JournalEntry, JournalSeal, Posting
 from .services import journal_seal
 
 Check = Callable[[], list[str]]
@@ -102,6 +102,24 @@ def postings_explain_balances() -> list[str]:
 
 
 @invariant
+def held_matches_active_holds() -> list[str]:
+    """Each account's `held` is the sum of its active holds."""
+    drifted = (
+        Account.objects.annotate(
+            holding=Coalesce(
+                Sum("holds__amount", filter=Q(holds__status=Hold.Status.ACTIVE)), 0
+            )
+        )
+        .exclude(held=F("holding"))
+        .values_list("pk", "held", "holding")
+    )
+    return [
+        f"account {pk} held {held} != sum of its active holds {holding}"
+        for pk, held, holding in drifted
+    ]
+
+
+@invariant
 def journal_chain_intact(chunk: int = 2000) -> list[str]:
     """Recompute the hash chain over the sealed entries as they are now.
 
@@ -154,6 +172,20 @@ def journal_head() -> dict:
     if head is None:
         return {"seq": 0, "hash": GENESIS, "entry": None}
     return {"seq": head.seq, "hash": head.hash, "entry": head.entry_id}
+
+
+@invariant
+def available_not_negative() -> list[str]:
+    """No account holds more than it has: `available` = `balance - held` >= 0."""
+    short = (
+        Account.objects.filter(balance__lt=F("held"))
+        .exclude(kind=Account.Kind.EXTERNAL)
+        .values_list("pk", "balance", "held")
+    )
+    return [
+        f"account {pk} available is below zero: balance {balance} - held {held}"
+        for pk, balance, held in short
+    ]
 
 
 def ledger_report() -> dict:

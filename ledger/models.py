@@ -4,6 +4,10 @@ Money is an integer number of minor units. A balance changes only together with 
 posting of the same amount, inside one journal entry whose postings sum to zero, so
 the sum of all balances is always zero and every balance can be rebuilt from its
 postings. Entries are append-only: a correction is a reversing entry.
+
+A wallet's `held` is money reserved by active holds (authorize now, capture later):
+it always equals the sum of the wallet's active holds, and only `available` =
+`balance - held` may be debited or held again.
 """
 
 from django.conf import settings
@@ -43,6 +47,9 @@ class Account(models.Model):
     )
     currency = models.CharField(_("currency"), max_length=3, default="CNY")
     balance = models.BigIntegerField(_("balance"), default=0)
+    # The sum of the account's active holds; moved only by conditional UPDATEs
+    # (`held = held + :amt WHERE balance - held >= :amt`).
+    held = models.BigIntegerField(_("held"), default=0)
     version = models.BigIntegerField(_("version"), default=0)
     status = FSMField(
         _("status"), max_length=16, choices=Status.choices, default=Status.ACTIVE
@@ -57,6 +64,13 @@ class Account(models.Model):
                 condition=Q(balance__gte=0) | Q(kind="external"),
                 name="account_balance_not_negative",
             ),
+            # 0 <= held <= balance: a hold never reserves money the account lacks
+            # (only wallets hold; the outside world, below zero, never does).
+            models.CheckConstraint(
+                condition=Q(held__gte=0)
+                & (Q(held__lte=models.F("balance")) | Q(kind="external")),
+                name="account_held_within_balance",
+            ),
             models.UniqueConstraint(
                 fields=["owner", "currency"],
                 condition=Q(kind="wallet"),
@@ -67,6 +81,11 @@ class Account(models.Model):
     def __str__(self) -> str:
         who = self.code or (self.owner.get_username() if self.owner else "?")
         return f"{self.get_kind_display()} {who} ({self.currency})"
+
+    @property
+    def available(self) -> int:
+        """What may be debited or held: the balance less the active holds."""
+        return self.balance - self.held
 
     # Transitions only declare the legal edges; services save and log.
     @transition(field=status, source=Status.ACTIVE, target=Status.FROZEN)
@@ -236,3 +255,54 @@ class Transfer(models.Model):
 
     def __str__(self) -> str:
         return f"transfer {self.pk}: {self.amount} {self.currency}"
+
+
+class Hold(models.Model):
+    """Money reserved on an account until it is captured, voided or expires (as
+    TigerBeetle's pending transfers, or a card authorization).
+
+    While `active`, its amount counts in the account's `held`. Each change of status
+    is a conditional `UPDATE ... WHERE status = 'active'`, so of a capture, a void
+    and the expiry racing exactly one takes effect; its unique `reference` makes a
+    replayed authorization find the hold instead of holding twice.
+    """
+
+    class Status(models.TextChoices):
+        ACTIVE = "active", "Active"
+        CAPTURED = "captured", "Captured"
+        VOIDED = "voided", "Voided"
+        EXPIRED = "expired", "Expired"
+
+    account = models.ForeignKey(Account, on_delete=models.PROTECT, related_name="holds")
+    amount = models.BigIntegerField()
+    status = models.CharField(
+        max_length=16, choices=Status.choices, default=Status.ACTIVE
+    )
+    reference = models.CharField(max_length=300, unique=True)
+    expires_at = models.DateTimeField()
+    created_at = models.DateTimeField(auto_now_add=True)
+    released_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(amount__gt=0), name="hold_amount_positive"
+            ),
+        ]
+        indexes = [
+            # The few active holds among many released ones: the expiry task and
+            # `check_ledger` read only these.
+            models.Index(
+                fields=["expires_at"],
+                condition=Q(status="active"),
+                name="hold_active_expiry",
+            ),
+            models.Index(
+                fields=["account"],
+                condition=Q(status="active"),
+                name="hold_active_account",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"hold {self.reference} ({self.amount}, {self.status})"

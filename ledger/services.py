@@ -1,9 +1,11 @@
 """Every change to money goes through these functions.
 
 A balance moves only by a conditional UPDATE in the database
-(`SET balance = balance + :amt, version = version + 1 WHERE id = :id AND balance >=
--:amt AND status = 'active'`), never by reading it into Python and writing it back;
-zero rows updated means the guard refused, and we say which guard.
+(`SET balance = balance + :amt, version = version + 1 WHERE id = :id AND balance -
+held >= -:amt AND status = 'active'`), never by reading it into Python and writing it
+back; zero rows updated means the guard refused, and we say which guard. A debit
+needs the money `available` (`balance - held`): what a hold reserved is not spent
+twice. Holds move `held` by the same kind of conditional UPDATE.
 
 These services open `transaction.atomic()` but not a durable one: a payment must commit
 its ledger entry in the same transaction as the order's new state and the idempotency
@@ -13,12 +15,14 @@ record that remembers the answer, so callers are allowed to wrap them.
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any, cast
 
 from django.contrib.auth.models import User
 from django.db import IntegrityError, connection, transaction
 from django.db.models import F, Q, QuerySet
 from django.db.models.sql import UpdateQuery
+from django.utils import timezone
 from django_fsm import TransitionNotAllowed
 
 from idempotency.sql import insert_unless_exists
@@ -29,6 +33,7 @@ from .exceptions import (
     AccountTransitionRefused,
     CurrencyMismatch,
     DomainError,
+    HoldNotActive,
     InsufficientFunds,
     InvalidTransfer,
     NotAWallet,
@@ -40,6 +45,7 @@ from .exceptions import (
 from .journal import GENESIS, chain_hash
 from .models import (
     Account,
+    Hold,
     JournalEntry,
     JournalSeal,
     Posting,
@@ -83,7 +89,12 @@ def _refusal(
         amount < 0 and account.status != Account.Status.ACTIVE
     ):
         return AccountNotActive(f"Account {account_id} is {account.status}.")
-    return InsufficientFunds(balance=account.balance, amount=-amount)
+    return InsufficientFunds(
+        balance=account.balance,
+        held=account.held,
+        available=account.available,
+        amount=-amount,
+    )
 
 
 def _update_returning(rows: QuerySet[Account], **values: Any) -> tuple[int, int] | None:
@@ -102,25 +113,37 @@ def _update_returning(rows: QuerySet[Account], **values: Any) -> tuple[int, int]
 
 
 def _move(
-    account_id: int, amount: int, currency: str, seen: int | None, postings: int = 1
+    account_id: int,
+    amount: int,
+    currency: str,
+    seen: int | None,
+    postings: int = 1,
+    release: int = 0,
 ) -> tuple[int, int]:
     """Move the balance by one conditional UPDATE; return (balance, version) after
     it. `postings` is how many postings the move sums (a batch's debits of one
-    wallet move it once): the version counts each."""
+    wallet move it once): the version counts each. `release` lowers `held` in the
+    same UPDATE (a captured hold), and the debit's guard counts it as available."""
     accounts = Account.objects.filter(pk=account_id, currency=currency)
     if seen is not None:
         accounts = accounts.filter(version=seen)
     if amount < 0:
-        # Money leaves only an active account, and never below zero unless it is the
-        # outside world.
+        # Money leaves only an active account, only what no hold reserved
+        # (`balance - held >= :amt`, `held` less what this entry releases), and
+        # never below zero unless it is the outside world.
         accounts = accounts.filter(status=Account.Status.ACTIVE).filter(
-            Q(balance__gte=-amount) | Q(kind=Account.Kind.EXTERNAL)
+            Q(balance__gte=F("held") - release - amount) | Q(kind=Account.Kind.EXTERNAL)
         )
     else:
         accounts = accounts.exclude(status=Account.Status.CLOSED)
-    after = _update_returning(
-        accounts, balance=F("balance") + amount, version=F("version") + postings
-    )
+    changes: dict[str, Any] = {
+        "balance": F("balance") + amount,
+        "version": F("version") + postings,
+    }
+    if release:  # a captured hold: released in the same UPDATE as the debit
+        accounts = accounts.filter(held__gte=release)
+        changes["held"] = F("held") - release
+    after = _update_returning(accounts, **changes)
     if after is None:
         raise _refusal(account_id, amount, currency, seen)
     return after
@@ -141,6 +164,7 @@ def ledger_post(
     description: str = "",
     params: Mapping[str, str] | None = None,
     seen_versions: Mapping[int, int] | None = None,
+    releases: Mapping[int, int] | None = None,
 ) -> JournalEntry:
     """Record one balanced journal entry and move the balances it names, once.
 
@@ -154,8 +178,13 @@ def ledger_post(
     `seen_versions` adds `AND version = :seen` for callers that read an account first.
     `params` (see `ledger.texts.entry_params`) say what the entry is in any language;
     the English `description` is then written from them unless given.
+    `releases` lowers an account's `held` in the same UPDATE that moves its balance
+    (a captured hold, `hold_capture`); such an entry is never a replay.
     """
     ordered = _balanced_legs(legs)
+    releases = releases or {}
+    if set(releases) - {account_id for account_id, _ in ordered}:
+        raise ValueError("a release names an account the entry does not move")
     params = dict(params or {})
     if params and not description:
         description = entry_english(params)
@@ -168,14 +197,18 @@ def ledger_post(
     )
     if not insert_unless_exists(entry, ["reference"]):
         existing = JournalEntry.objects.get(reference=reference)
-        if not _same_movement(existing, ordered):
+        if releases or not _same_movement(existing, ordered):
             raise ReferenceConflict(reference=reference)
         return existing
     seen_versions = seen_versions or {}
     postings = []
     for account_id, amount in ordered:
         balance_after, version = _move(
-            account_id, amount, currency, seen_versions.get(account_id)
+            account_id,
+            amount,
+            currency,
+            seen_versions.get(account_id),
+            release=releases.get(account_id, 0),
         )
         postings.append(
             Posting(
@@ -278,6 +311,138 @@ def ledger_transfer(
         params=params,
         seen_versions={source_id: seen_version} if seen_version is not None else None,
     )
+
+
+@transaction.atomic(savepoint=False)
+def hold_authorize(
+    *, account_id: int, amount: int, reference: str, expires_at: datetime
+) -> Hold:
+    """Reserve `amount` of the account's available money until `expires_at`, once
+    per reference.
+
+    The hold row is inserted first, so its unique `reference` is claimed before
+    `held` moves: a replay finds the hold and gets it back. Then one conditional
+    UPDATE, `held = held + :amt WHERE id = :id AND balance - held >= :amt AND
+    status = 'active'`; zero rows raises `InsufficientFunds` or `AccountNotActive`
+    and the caller's transaction, hold row included, rolls back.
+    """
+    if isinstance(amount, bool) or not isinstance(amount, int) or amount <= 0:
+        raise ValueError("a hold is a positive integer of minor units")
+    hold = Hold(
+        account_id=account_id, amount=amount, reference=reference, expires_at=expires_at
+    )
+    if not insert_unless_exists(hold, ["reference"]):
+        existing = Hold.objects.get(reference=reference)
+        if (existing.account_id, existing.amount) != (account_id, amount):
+            raise ReferenceConflict(reference=reference)
+        return existing
+    held = Account.objects.filter(
+        pk=account_id,
+        status=Account.Status.ACTIVE,
+        balance__gte=F("held") + amount,
+    ).update(held=F("held") + amount)
+    if not held:
+        account = Account.objects.filter(pk=account_id).first()
+        currency = account.currency if account else ""
+        raise _refusal(account_id, -amount, currency, None)
+    return hold
+
+
+# How a release compares the hold's `expires_at` with now: a capture only before it,
+# the expiry only after it, a void whenever.
+_BEFORE_EXPIRY = " AND expires_at > %s"
+_PAST_EXPIRY = " AND expires_at <= %s"
+
+
+def _hold_close(hold_id: int, status: str, expiry: str = "") -> Hold:
+    """Take an active hold to `status`; the caller releases its amount from `held`.
+
+    One conditional `UPDATE ... WHERE status = 'active' RETURNING ...` (plus the
+    `expiry` condition): of two closes racing, the second finds no row and raises
+    `HoldNotActive`; only the winner goes on to lower `held`.
+    """
+    now = timezone.now()
+    sql = (
+        f"UPDATE {Hold._meta.db_table} SET status = %s, released_at = %s "  # noqa: S608
+        f"WHERE id = %s AND status = %s{expiry} "
+        "RETURNING account_id, amount, reference, expires_at, created_at"
+    )
+    params: list = [status, now, hold_id, Hold.Status.ACTIVE]
+    if expiry:
+        params.append(now)
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        row = cursor.fetchone()
+    if row is None:
+        raise HoldNotActive(f"Hold {hold_id} is no longer active.")
+    account_id, amount, reference, expires_at, created_at = row
+    return Hold(
+        pk=hold_id,
+        account_id=account_id,
+        amount=amount,
+        status=status,
+        reference=reference,
+        expires_at=expires_at,
+        created_at=created_at,
+        released_at=now,
+    )
+
+
+def _hold_release(hold_id: int, status: str, expiry: str = "") -> Hold:
+    """Close an active hold without moving money and give its amount back to
+    `available` (`held = held - :amt`)."""
+    hold = _hold_close(hold_id, status, expiry)
+    released = Account.objects.filter(pk=hold.account_id, held__gte=hold.amount).update(
+        held=F("held") - hold.amount
+    )
+    if not released:  # pragma: no cover - the check constraint keeps held >= 0
+        raise RuntimeError(f"account {hold.account_id} holds less than hold {hold_id}")
+    return hold
+
+
+@transaction.atomic(savepoint=False)
+def hold_capture(
+    *,
+    hold_id: int,
+    amount: int,
+    destination_id: int,
+    currency: str,
+    reference: str,
+    kind: str = JournalEntry.Kind.PAYMENT,
+    description: str = "",
+) -> JournalEntry:
+    """Release the whole hold and debit `amount` (at most the hold's) from its
+    account to `destination_id`, in the caller's transaction: one journal entry.
+
+    The hold moves `active -> captured` only if it is still active and not past
+    `expires_at` (else `HoldNotActive`). Its whole amount leaves `held` in the same
+    UPDATE that debits the account (`held = held - :hold, balance = balance - :amt
+    WHERE balance - (held - :hold) >= :amt`), so the debit's guard sees the money
+    the hold reserved, and the accounts are still updated in id order only (no
+    deadlock with a payment or refund crossing the same two accounts). The entry's
+    unique `reference` stops a second debit even if the hold's guard were bypassed.
+    """
+    hold = _hold_close(hold_id, Hold.Status.CAPTURED, _BEFORE_EXPIRY)
+    if not 0 < amount <= hold.amount:
+        raise ValueError(f"a capture moves 1..{hold.amount}, not {amount}")
+    return ledger_post(
+        reference=reference,
+        kind=kind,
+        currency=currency,
+        legs=[(hold.account_id, -amount), (destination_id, amount)],
+        description=description,
+        releases={hold.account_id: hold.amount},
+    )
+
+
+def hold_void(*, hold_id: int) -> Hold:
+    """Release an active hold without moving money (`HoldNotActive` otherwise)."""
+    return _hold_release(hold_id, Hold.Status.VOIDED)
+
+
+def hold_expire(*, hold_id: int) -> Hold:
+    """Release an active hold past its `expires_at` (`HoldNotActive` otherwise)."""
+    return _hold_release(hold_id, Hold.Status.EXPIRED, _PAST_EXPIRY)
 
 
 @transaction.atomic(savepoint=False)
@@ -519,7 +684,7 @@ def transfer_batch_create(
         currency__in={item.currency for item in items},
     )
     wallets = {(cast(int, a.owner_id), a.currency): a for a in locked.order_by("pk")}
-    available = {a.pk: a.balance for a in wallets.values() if a.owner_id == sender.pk}
+    available = {a.pk: a.available for a in wallets.values() if a.owner_id == sender.pk}
     refusals = []
     for index, item in enumerate(items):
         refusal = _transfer_refusal(

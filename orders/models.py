@@ -44,6 +44,9 @@ class PreOrder(models.Model):
 
 class OrderStatus(models.IntegerChoices):
     PENDING_PAYMENT = 10, _("Pending payment")
+    # Its payment holds the money on the wallet until it is captured (-> paid),
+    # voided or expires (-> cancelled).
+    AUTHORIZED = 15, _("Authorized")
     PAID = 20, _("Paid")
     SHIPPED = 30, _("Shipped")
     COMPLETED = 40, _("Completed")
@@ -61,6 +64,7 @@ PAID_STATES = [
     OrderStatus.REFUNDED,
 ]
 REFUNDABLE_STATES = [OrderStatus.PAID, OrderStatus.SHIPPED, OrderStatus.COMPLETED]
+CANCELLABLE_STATES = [OrderStatus.PENDING_PAYMENT, OrderStatus.AUTHORIZED]
 
 
 class Order(ConcurrentTransitionMixin, models.Model):
@@ -128,6 +132,14 @@ class Order(ConcurrentTransitionMixin, models.Model):
     def pay(self) -> None:
         pass
 
+    @transition(field=status, source=Status.PENDING_PAYMENT, target=Status.AUTHORIZED)
+    def authorize(self) -> None:
+        pass
+
+    @transition(field=status, source=Status.AUTHORIZED, target=Status.PAID)
+    def capture(self) -> None:
+        pass
+
     @transition(field=status, source=Status.PAID, target=Status.SHIPPED)
     def ship(self) -> None:
         pass
@@ -136,7 +148,8 @@ class Order(ConcurrentTransitionMixin, models.Model):
     def complete(self) -> None:
         pass
 
-    @transition(field=status, source=Status.PENDING_PAYMENT, target=Status.CANCELLED)
+    # An authorized order's hold is voided first (`orders.services.order_cancel`).
+    @transition(field=status, source=CANCELLABLE_STATES, target=Status.CANCELLED)
     def cancel(self) -> None:
         pass
 

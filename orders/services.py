@@ -5,7 +5,7 @@ idempotency engine runs them inside the transaction that also stores the respons
 the order and "this key is done" commit together.
 """
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import timedelta
 from uuid import uuid4
 
@@ -43,6 +43,20 @@ from .models import (
     Product,
     StockMovement,
 )
+
+# What apps above this one release before an authorized order is cancelled: the
+# payments app registers the void of the order's authorized payment and its hold (in
+# its `AppConfig.ready()`), so this app never imports it. Each releaser gets the id
+# of an order the caller holds locked and runs in the caller's transaction.
+OrderReleaser = Callable[[int], None]
+_releasers: list[OrderReleaser] = []
+
+
+def order_releaser(releaser: OrderReleaser) -> OrderReleaser:
+    """Register `releaser(order_id)`, run before an authorized order is cancelled."""
+    if releaser not in _releasers:
+        _releasers.append(releaser)
+    return releaser
 
 
 def preorder_create(*, owner: User) -> PreOrder:
@@ -207,9 +221,12 @@ def _order_take_stock(order: Order, lines: list[OrderItem]) -> None:
 
 
 def _order_transition(
-    order_id: int, name: str, refusal: type[DomainError] = OrderTransitionNotAllowed
+    order_id: int,
+    name: str,
+    refusal: type[DomainError] = OrderTransitionNotAllowed,
+    before: Callable[[Order], None] | None = None,
 ) -> Order:
-    """Lock the order, take the declared edge `name`, save.
+    """Lock the order, take the declared edge `name` (after `before(order)`), save.
 
     The row lock serialises transitions of one order; the save is also conditional on
     the status we read (ConcurrentTransitionMixin), the guard for any caller that did
@@ -223,6 +240,8 @@ def _order_transition(
                 f"Order {order.merchant_order_no} is {order.status_name}; "
                 f"it cannot {name}."
             )
+        if before is not None:
+            before(order)
         move()
         try:
             order.save(update_fields=["status", "updated_at"])
@@ -235,17 +254,27 @@ def _order_transition(
 
 
 def order_cancel(*, order_id: int) -> Order:
-    """Cancel an order that is still pending payment; anything else is refused.
+    """Cancel an order that is still pending payment or authorized; anything else is
+    refused.
 
-    The stock its items took comes back in the same transaction, once (see
-    `order_give_back_stock`).
+    An authorized order's hold is voided first, in the same transaction and under
+    the order's row lock (the registered releasers: the payments app voids the
+    authorized payment and releases its hold), so a cancelled order never keeps
+    money held. The stock its items took comes back in the same transaction, once
+    (see `order_give_back_stock`).
     """
     with transaction.atomic(savepoint=False):
-        order = _order_transition(order_id, "cancel", OrderNotCancellable)
+        order = _order_transition(order_id, "cancel", OrderNotCancellable, _release)
         lines = list(OrderItem.objects.filter(order_id=order.pk).order_by("pk"))
         _give_back(order.pk, lines)
     order._prefetched_objects_cache = {"items": _known_items(order, lines)}  # type: ignore[attr-defined]
     return order
+
+
+def _release(order: Order) -> None:
+    if order.status == Order.Status.AUTHORIZED:
+        for release in _releasers:
+            release(order.pk)
 
 
 def order_give_back_stock(*, order_id: int) -> int:
@@ -291,7 +320,14 @@ def order_lock_for_payment(*, order_id: int) -> Order:
     holds the row lock until it commits the payment and `order_mark_paid`."""
     order = Order.objects.select_for_update().get(pk=order_id)
     if not order_takes_payment(order):
-        raise OrderAlreadyPaid() if order.is_paid else OrderNotPayable()
+        if order.is_paid:
+            raise OrderAlreadyPaid()
+        if order.status == Order.Status.AUTHORIZED:
+            raise OrderNotPayable(
+                f"Order {order.merchant_order_no} is authorized: capture or void its "
+                "payment."
+            )
+        raise OrderNotPayable()
     return order
 
 
@@ -310,6 +346,27 @@ def order_mark_paid(*, order_id: int) -> bool:
     now = timezone.now()
     return bool(
         Order.objects.filter(pk=order_id, status__in=PAYABLE_STATES).update(
+            status=Order.Status.PAID, paid_at=now, updated_at=now
+        )
+    )
+
+
+def order_mark_authorized(*, order_id: int) -> bool:
+    """Take the `authorize` edge from `pending_payment`; True if it moved (one
+    conditional `UPDATE ... WHERE status = pending_payment`)."""
+    return bool(
+        Order.objects.filter(pk=order_id, status=Order.Status.PENDING_PAYMENT).update(
+            status=Order.Status.AUTHORIZED, updated_at=timezone.now()
+        )
+    )
+
+
+def order_mark_captured(*, order_id: int) -> bool:
+    """Take the `capture` edge from `authorized` to `paid`; True if it moved (one
+    conditional `UPDATE ... WHERE status = authorized`)."""
+    now = timezone.now()
+    return bool(
+        Order.objects.filter(pk=order_id, status=Order.Status.AUTHORIZED).update(
             status=Order.Status.PAID, paid_at=now, updated_at=now
         )
     )
@@ -338,7 +395,9 @@ def order_cancel_expired(*, older_than_seconds: int, batch: int = 500) -> int:
     meanwhile is never touched and one a payment is about to take waits for us and
     is then refused as cancelled. A provider success arriving after this is refunded
     by the payments app. Running twice cancels and gives back nothing the second
-    time. Returns how many were cancelled.
+    time. An authorized order expires with its hold instead (the payments app's hold
+    expiry voids the hold, then cancels the order through `order_cancel`), so this
+    never cancels an order that still holds money. Returns how many were cancelled.
     """
     cutoff = timezone.now() - timedelta(seconds=older_than_seconds)
     cancelled = 0

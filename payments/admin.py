@@ -1,5 +1,8 @@
+from collections.abc import Callable
+
 from django import forms
 from django.contrib import admin, messages
+from django.db import transaction
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse
 from django.utils.translation import gettext, ngettext
@@ -13,12 +16,18 @@ from ledger.backoffice import (
     money_column,
     once,
 )
+from ledger.exceptions import DomainError
 from ledger.money import format_money
 from orders.admin import OrderAdmin
 from orders.models import Order
 
 from .models import Payment, ProviderEvent, Refund, Shipment
-from .services import payment_refund, provider_event_redrive
+from .services import (
+    payment_capture,
+    payment_refund,
+    payment_void,
+    provider_event_redrive,
+)
 
 REFUSALS.update(
     already_refunded=_("This payment was already refunded; nothing was done."),
@@ -64,7 +73,11 @@ class OrderWithPaymentsAdmin(OrderAdmin):
 @admin.register(Payment)
 class PaymentAdmin(BackofficeMixin, ReadOnlyAdmin):
     """Payments are records of money that moved: read-only here; refunds go through
-    their service (the API's) so the ledger moves with them."""
+    their service (the API's) so the ledger moves with them. An authorized payment
+    (manual capture) can be captured in full or voided: each action calls the same
+    service as the API, once per payment per click, in its own transaction; a
+    payment no longer authorized (a second click, a race with the expiry) is
+    skipped."""
 
     list_display = (
         "id",
@@ -91,9 +104,11 @@ class PaymentAdmin(BackofficeMixin, ReadOnlyAdmin):
         "succeeded_at",
         "provider_txn_id",
         "pay_url",
+        "authorized_amount",
+        "hold",
     )
     fields = readonly_fields
-    actions = ("refund",)
+    actions = ("refund", "capture", "void")
 
     amount_money = money_column("amount", _("amount"))
 
@@ -158,6 +173,49 @@ class PaymentAdmin(BackofficeMixin, ReadOnlyAdmin):
                 text += " " + gettext("(Submitted before: done once.)")
             self.message_user(request, text, messages.SUCCESS)
         return self.done()
+
+    def has_capture_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm("payments.change_payment")
+
+    has_void_permission = has_capture_permission
+
+    @admin.action(
+        description=_("Capture authorized payments (in full)"), permissions=["capture"]
+    )
+    def capture(self, request: HttpRequest, queryset: QuerySet) -> None:
+        self._each(request, queryset, payment_capture, gettext("captured"))
+
+    @admin.action(
+        description=_("Void authorized payments (release the hold)"),
+        permissions=["void"],
+    )
+    def void(self, request: HttpRequest, queryset: QuerySet) -> None:
+        self._each(request, queryset, payment_void, gettext("voided"))
+
+    def _each(
+        self,
+        request: HttpRequest,
+        queryset: QuerySet,
+        service: Callable[..., object],
+        done: str,
+    ) -> None:
+        outcomes = {done: 0, gettext("skipped"): 0}
+        for pk in queryset.order_by("pk").values_list("pk", flat=True):
+            try:
+                with transaction.atomic(durable=True):  # the admin is the entry point
+                    service(payment_id=pk)
+            except DomainError as exc:
+                outcomes[gettext("skipped")] += 1
+                self.message_user(
+                    request,
+                    gettext("Payment %(id)s: %(why)s")
+                    % {"id": pk, "why": refusal_message(exc)},
+                    messages.WARNING,
+                )
+            else:
+                outcomes[done] += 1
+        summary = ", ".join(f"{n} {outcome}" for outcome, n in outcomes.items())
+        self.message_user(request, f"{summary}.", messages.INFO)
 
 
 @admin.register(Refund)

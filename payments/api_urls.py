@@ -21,6 +21,16 @@ urlpatterns = [
         name="api-payment-detail",
     ),
     path(
+        "payments/<int:payment_id>/capture",
+        apis.PaymentCaptureApi.as_view(),
+        name="api-payment-capture",
+    ),
+    path(
+        "payments/<int:payment_id>/void",
+        apis.PaymentVoidApi.as_view(),
+        name="api-payment-void",
+    ),
+    path(
         "payments/<int:payment_id>/refund",
         apis.PaymentRefundApi.as_view(),
         name="api-payment-refund",

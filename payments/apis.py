@@ -26,9 +26,14 @@ from orders.selectors import order_get
 from .models import Payment
 from .selectors import order_page_url, payment_get
 from .services import (
+    HOLD_SECONDS_MAX,
+    HOLD_SECONDS_MIN,
+    payment_authorize_with_balance,
+    payment_capture,
     payment_pay_with_balance,
     payment_pay_with_provider,
     payment_refund,
+    payment_void,
     provider_event_receive,
 )
 from .signatures import HEADER, signature_verify
@@ -45,6 +50,9 @@ class PaymentOutputSerializer(serializers.Serializer):
     succeeded_at = serializers.DateTimeField()
     provider_txn_id = serializers.CharField()
     pay_url = serializers.CharField()
+    # Manual capture: what the hold reserved and until when (null otherwise).
+    authorized_amount = serializers.IntegerField(allow_null=True)
+    expires_at = serializers.DateTimeField(source="hold.expires_at", allow_null=True)
 
 
 def _pays_with_provider(request: Request) -> bool:
@@ -59,7 +67,9 @@ class OrderPayApi(APIView):
 
     `balance` is one transaction (the engine's atomic mode); `provider` calls
     outside, so it runs in phases with recovery points: a retry after a crash, or
-    beat's completer, resumes where the first attempt stopped.
+    beat's completer, resumes where the first attempt stopped. `balance` with
+    `"capture": "manual"` only authorizes: a hold reserves the money until the
+    payment is captured, voided or expires.
     """
 
     class InputSerializer(StrictInputSerializer):
@@ -67,6 +77,27 @@ class OrderPayApi(APIView):
             ref_name = "OrderPayInput"
 
         method = serializers.ChoiceField(choices=Payment.Method.choices)
+        capture = serializers.ChoiceField(
+            choices=Payment.Capture.choices,
+            required=False,
+            default=Payment.Capture.AUTOMATIC,
+        )
+        hold_seconds = StrictIntegerField(
+            required=False, min_value=HOLD_SECONDS_MIN, max_value=HOLD_SECONDS_MAX
+        )
+
+        def validate(self, attrs: dict) -> dict:
+            attrs = super().validate(attrs)
+            manual = attrs["capture"] == Payment.Capture.MANUAL
+            if manual and attrs["method"] != Payment.Method.BALANCE:
+                raise serializers.ValidationError(
+                    {"capture": ["Manual capture is for balance payments only."]}
+                )
+            if "hold_seconds" in attrs and not manual:
+                raise serializers.ValidationError(
+                    {"hold_seconds": ["Only with manual capture."]}
+                )
+            return attrs
 
     @extend_schema(
         request=InputSerializer,
@@ -82,11 +113,17 @@ class OrderPayApi(APIView):
         order = order_get(
             owner=authenticated(request), merchant_order_no=merchant_order_no
         )
+        data = serializer.validated_data
         if idem is not None:  # the provider
             payment = payment_pay_with_provider(
                 order_id=order.pk,
                 phases=idem,
                 return_url=order_page_url(request, order.merchant_order_no),
+            )
+        elif data["capture"] == Payment.Capture.MANUAL:
+            payment = payment_authorize_with_balance(
+                order_id=order.pk,
+                hold_seconds=data.get("hold_seconds", settings.HOLD_TTL_SECONDS),
             )
         else:
             payment = payment_pay_with_balance(order_id=order.pk)
@@ -112,6 +149,50 @@ class PaymentDetailApi(APIView):
     def get(self, request: Request, payment_id: int) -> Response:
         payment = payment_get(owner=authenticated(request), payment_id=payment_id)
         return Response(PaymentOutputSerializer(payment).data)
+
+
+class PaymentCaptureApi(APIView):
+    class InputSerializer(StrictInputSerializer):
+        class Meta:
+            ref_name = "PaymentCaptureInput"
+
+        amount = StrictIntegerField(required=False, min_value=1, max_value=MAX_AMOUNT)
+
+    @extend_schema(
+        request=InputSerializer,
+        responses={200: PaymentOutputSerializer},
+        parameters=[IDEMPOTENCY_KEY],
+    )
+    @idempotent("payments.capture")
+    def post(self, request: Request, payment_id: int) -> Response:
+        serializer = self.InputSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        payment = payment_get(owner=authenticated(request), payment_id=payment_id)
+        payment = payment_capture(
+            payment_id=payment.pk, amount=serializer.validated_data.get("amount")
+        )
+        return Response(PaymentOutputSerializer(payment).data)
+
+
+class PaymentVoidApi(APIView):
+    class InputSerializer(StrictInputSerializer):
+        """No fields: an empty body or `{}`."""
+
+        class Meta:
+            ref_name = "PaymentVoidInput"
+
+    @extend_schema(
+        request=None,
+        responses={200: PaymentOutputSerializer},
+        parameters=[IDEMPOTENCY_KEY],
+    )
+    @idempotent("payments.void")
+    def post(self, request: Request, payment_id: int) -> Response:
+        self.InputSerializer(data=request.data).is_valid(raise_exception=True)
+        payment = payment_get(owner=authenticated(request), payment_id=payment_id)
+        return Response(
+            PaymentOutputSerializer(payment_void(payment_id=payment.pk)).data
+        )
 
 
 class RefundOutputSerializer(serializers.Serializer):

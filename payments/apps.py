@@ -10,8 +10,12 @@ class PaymentsConfig(AppConfig):
         # Registers "no order paid twice" with `check_ledger`, and the inbox's
         # gauges with `/metrics`.
         from ledger.metrics import register_scrape_collector
+        from orders.services import order_releaser
 
-        from . import invariants  # noqa: F401
+        from . import checks, invariants  # noqa: F401
         from .metrics import InboxDepthCollector
+        from .services import payment_void_for_order
 
         register_scrape_collector(InboxDepthCollector())
+        # Cancelling an authorized order voids its payment and releases the hold.
+        order_releaser(payment_void_for_order)

@@ -47,3 +47,30 @@ class ProviderRefused(DomainError):
     code = "provider_refused"
     title = "Payment provider refused"
     default_detail = "The payment provider refused this charge."
+
+
+class PaymentNotCapturable(DomainError):
+    status = 409
+    code = "payment_not_capturable"
+    title = "Payment cannot be captured"
+    default_detail = (
+        "Only an authorized payment can be captured; this one was captured, voided "
+        "or expired."
+    )
+
+
+class CaptureExceedsAuthorization(DomainError):
+    status = 422
+    code = "capture_exceeds_authorization"
+    title = "Capture exceeds the authorization"
+    default_detail = "A capture may take at most the authorized amount."
+
+
+class PaymentNotVoidable(DomainError):
+    status = 409
+    code = "payment_not_voidable"
+    title = "Payment cannot be voided"
+    default_detail = (
+        "Only an authorized payment can be voided; this one was captured, voided or "
+        "expired."
+    )

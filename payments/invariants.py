@@ -1,5 +1,6 @@
 """The payments app's additions to `check_ledger`: no order is paid twice, every
-payment matches the ledger; and a warning for each parked provider callback."""
+payment matches the ledger and its hold; and a warning for each parked provider
+callback."""
 
 from django.db.models import Count, Q
 
@@ -53,6 +54,39 @@ def payments_match_the_ledger() -> list[str]:
         for pk, status in Payment.objects.exclude(status__in=settled)
         .filter(journal_entry__isnull=False)
         .values_list("pk", "status")
+    ]
+    return problems
+
+
+# A payment with a hold and the status its hold must have.
+HOLD_STATUS_OF = {
+    "authorized": "active",
+    "succeeded": "captured",
+    "refunded": "captured",
+    "voided": "voided",
+    "expired": "expired",
+}
+
+
+@invariant
+def payments_match_their_holds() -> list[str]:
+    """An authorized payment's hold is active; a captured one's captured; a voided
+    or expired one's voided or expired: the payment and its hold end together."""
+    from .models import Payment
+
+    rows = Payment.objects.filter(hold__isnull=False).values_list(
+        "pk", "status", "hold__status"
+    )
+    problems = [
+        f"payment {pk} is {status} but its hold is {hold_status}"
+        for pk, status, hold_status in rows
+        if HOLD_STATUS_OF.get(status) != hold_status
+    ]
+    problems += [
+        f"payment {pk} is {status} but has no hold"
+        for pk, status in Payment.objects.filter(
+            status__in=["authorized", "voided", "expired"], hold__isnull=True
+        ).values_list("pk", "status")
     ]
     return problems
 

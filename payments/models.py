@@ -5,6 +5,10 @@ a refund moves a succeeded payment to `refunded`. A pending provider payment who
 order was paid another way is `cancelled` once its charge is cancelled at the
 provider. A partial unique index allows at most one succeeded payment per order:
 whatever path tries to settle an order a second time stops at the database.
+
+With manual capture a wallet payment is first `authorized`: a hold reserves its
+money on the wallet, and it then ends `succeeded` (captured), `voided` or `expired`,
+always together with its hold (one transaction, the hold's status guarded).
 """
 
 from django.db import models
@@ -12,7 +16,7 @@ from django.db.models import Q
 from django.utils.translation import gettext_lazy as _
 from django_fsm import ConcurrentTransitionMixin, FSMField, transition
 
-from ledger.models import JournalEntry
+from ledger.models import Hold, JournalEntry
 from orders.models import Order
 
 
@@ -23,6 +27,13 @@ class Payment(ConcurrentTransitionMixin, models.Model):
         FAILED = "failed", _("Failed")
         REFUNDED = "refunded", _("Refunded")
         CANCELLED = "cancelled", _("Cancelled")
+        AUTHORIZED = "authorized", _("Authorized")
+        VOIDED = "voided", _("Voided")
+        EXPIRED = "expired", _("Expired")
+
+    class Capture(models.TextChoices):
+        AUTOMATIC = "automatic", _("Automatic")
+        MANUAL = "manual", _("Manual")
 
     class Method(models.TextChoices):
         BALANCE = "balance", _("Wallet balance")
@@ -52,6 +63,18 @@ class Payment(ConcurrentTransitionMixin, models.Model):
         blank=True,
         on_delete=models.PROTECT,
         related_name="payment",
+    )
+    # Manual capture: the hold that reserves the money, and how much it reserved
+    # (`amount` becomes what was captured).
+    hold = models.OneToOneField(
+        Hold,
+        null=True,
+        blank=True,
+        on_delete=models.PROTECT,
+        related_name="payment",
+    )
+    authorized_amount = models.BigIntegerField(
+        _("authorized amount"), null=True, blank=True
     )
     created_at = models.DateTimeField(_("created"), auto_now_add=True)
     updated_at = models.DateTimeField(_("updated"), auto_now=True)
@@ -104,6 +127,19 @@ class Payment(ConcurrentTransitionMixin, models.Model):
 
     @transition(field=status, source=Status.SUCCEEDED, target=Status.REFUNDED)
     def refund(self) -> None:
+        pass
+
+    # Manual capture: an authorized payment ends exactly one way, as its hold does.
+    @transition(field=status, source=Status.AUTHORIZED, target=Status.SUCCEEDED)
+    def capture(self) -> None:
+        pass
+
+    @transition(field=status, source=Status.AUTHORIZED, target=Status.VOIDED)
+    def void(self) -> None:
+        pass
+
+    @transition(field=status, source=Status.AUTHORIZED, target=Status.EXPIRED)
+    def expire(self) -> None:
         pass
 
 

@@ -28,7 +28,7 @@ def payment_get(*, owner: User, payment_id: int) -> Payment:
     if not 0 < payment_id < 2**63:
         raise Http404("no such payment")
     return get_object_or_404(
-        Payment.objects.select_related("order", "refund_record"),
+        Payment.objects.select_related("order", "refund_record", "hold"),
         pk=payment_id,
         order__owner=owner,
     )

@@ -19,9 +19,14 @@ from django.utils import timezone
 
 from idempotency.engine import Phases
 from idempotency.sql import insert_unless_exists
+from ledger.exceptions import HoldNotActive
 from ledger.models import JournalEntry
 from ledger.services import (
     external_account,
+    hold_authorize,
+    hold_capture,
+    hold_expire,
+    hold_void,
     ledger_transfer,
     merchant_account,
     wallet_get_or_create,
@@ -30,7 +35,10 @@ from ledger.texts import entry_params
 from orders.exceptions import OrderAlreadyPaid
 from orders.models import Order
 from orders.services import (
+    order_cancel,
     order_lock_for_payment,
+    order_mark_authorized,
+    order_mark_captured,
     order_mark_paid,
     order_mark_refunded,
     order_takes_payment,
@@ -39,7 +47,10 @@ from orders.services import (
 from .exceptions import (
     AlreadyRefunded,
     CallbackMismatch,
+    CaptureExceedsAuthorization,
+    PaymentNotCapturable,
     PaymentNotRefundable,
+    PaymentNotVoidable,
     ProviderRefused,
 )
 from .models import Payment, ProviderEvent, Refund, Shipment
@@ -123,6 +134,193 @@ def payment_pay_with_balance(*, order_id: int) -> Payment:
         if _pending_provider_payments(order.pk).exists():
             enqueue_on_commit(CANCEL_OPEN_CHARGES, order.pk)
     return payment
+
+
+# How long a hold may last: a minute to thirty days (the API's `hold_seconds`, and
+# HOLD_TTL_SECONDS, checked at start-up).
+HOLD_SECONDS_MIN = 60
+HOLD_SECONDS_MAX = 30 * 86400
+
+
+def hold_reference(order: Order) -> str:
+    """The reference of an order's hold: one authorization per order."""
+    return f"hold:{order.pk}"
+
+
+def payment_authorize_with_balance(*, order_id: int, hold_seconds: int) -> Payment:
+    """Hold the order's amount on the owner's wallet for `hold_seconds` and mark
+    the payment `authorized` and the order `authorized`, once.
+
+    One transaction under the order's row lock: refuse an order that cannot take a
+    payment, raise the wallet's `held` by one conditional UPDATE (`balance - held >=
+    :amt`; not enough available raises `InsufficientFunds` and everything rolls
+    back), record the payment with its hold, move the order `pending_payment ->
+    authorized`. The balance does not move until the capture. A pending provider
+    charge of the order is cancelled after commit, as for a wallet payment.
+    """
+    with transaction.atomic(savepoint=False):
+        order = order_lock_for_payment(order_id=order_id)
+        wallet = wallet_get_or_create(owner_id=order.owner_id, currency=order.currency)
+        hold = hold_authorize(
+            account_id=wallet.pk,
+            amount=order.amount,
+            reference=hold_reference(order),
+            expires_at=timezone.now() + timedelta(seconds=hold_seconds),
+        )
+        payment = Payment.objects.create(
+            order=order,
+            method=Payment.Method.BALANCE,
+            amount=order.amount,
+            currency=order.currency,
+            status=Payment.Status.AUTHORIZED,
+            authorized_amount=order.amount,
+            hold=hold,
+        )
+        if not order_mark_authorized(order_id=order.pk):  # pragma: no cover - locked
+            raise OrderAlreadyPaid()
+        if _pending_provider_payments(order.pk).exists():
+            enqueue_on_commit(CANCEL_OPEN_CHARGES, order.pk)
+    return payment
+
+
+def payment_capture(*, payment_id: int, amount: int | None = None) -> Payment:
+    """Capture an authorized payment: debit `amount` (default: all that was
+    authorized) from the wallet to the merchant, release the whole hold, mark the
+    payment succeeded and the order paid, once.
+
+    One transaction under the order and payment locks. Not authorized (captured,
+    voided, expired) or its hold past `expires_at`: `PaymentNotCapturable`. More
+    than authorized: `CaptureExceedsAuthorization`. The hold's conditional update
+    (`WHERE status = 'active'`) decides a race with a void or the expiry, and the
+    debit's unique reference `payment:<order>` stops a second debit.
+    """
+    with transaction.atomic(savepoint=False):
+        order, payment = _lock(payment_id)
+        if payment.status != Payment.Status.AUTHORIZED or payment.hold_id is None:
+            raise PaymentNotCapturable(
+                f"Payment {payment.pk} is {payment.status}; only an authorized "
+                "payment can be captured."
+            )
+        authorized = payment.authorized_amount or 0
+        amount = authorized if amount is None else amount
+        if amount > authorized:
+            raise CaptureExceedsAuthorization(
+                f"Payment {payment.pk} authorized {authorized}; a capture of {amount} "
+                "exceeds it.",
+                authorized_amount=authorized,
+            )
+        if amount <= 0:
+            raise ValueError("a capture moves a positive amount")
+        try:
+            entry = hold_capture(
+                hold_id=payment.hold_id,
+                amount=amount,
+                destination_id=merchant_account(currency=payment.currency).pk,
+                currency=payment.currency,
+                reference=payment_reference(order),
+                kind=JournalEntry.Kind.PAYMENT,
+                description=f"Order {order.merchant_order_no}",
+            )
+        except HoldNotActive:
+            raise PaymentNotCapturable(
+                f"Payment {payment.pk}'s authorization expired; it can no longer be "
+                "captured."
+            ) from None
+        payment.capture()
+        payment.amount = amount
+        payment.journal_entry = entry
+        payment.succeeded_at = timezone.now()
+        payment.save(
+            update_fields=[
+                "status",
+                "amount",
+                "journal_entry",
+                "succeeded_at",
+                "updated_at",
+            ]
+        )
+        if not order_mark_captured(order_id=order.pk):  # pragma: no cover - locked
+            raise OrderAlreadyPaid()
+        # The locked row, moved in memory along the edge its row just took, serves
+        # the answer: no second read of the order.
+        order.capture()
+        payment.order = order
+    return payment
+
+
+def _void_locked(payment: Payment) -> None:
+    """Release an authorized payment's hold and mark it voided; the caller holds
+    the order's and the payment's row locks."""
+    if payment.hold_id is not None:
+        hold_void(hold_id=payment.hold_id)
+    payment.void()
+    payment.save(update_fields=["status", "updated_at"])
+
+
+def payment_void(*, payment_id: int) -> Payment:
+    """Void an authorized payment: release its hold, mark it voided and cancel its
+    order, once.
+
+    One transaction under the order and payment locks; not authorized:
+    `PaymentNotVoidable`. The order is cancelled through `order_cancel`, so
+    whatever else a cancellation gives back happens too.
+    """
+    with transaction.atomic(savepoint=False):
+        order, payment = _lock(payment_id)
+        if payment.status != Payment.Status.AUTHORIZED:
+            raise PaymentNotVoidable(
+                f"Payment {payment.pk} is {payment.status}; only an authorized "
+                "payment can be voided."
+            )
+        _void_locked(payment)
+        order_cancel(order_id=order.pk)
+    return payment
+
+
+def payment_void_for_order(order_id: int) -> None:
+    """Void the authorized payments of an order being cancelled (registered with
+    `order_cancel` by `PaymentsConfig.ready()`; it holds the order's row lock)."""
+    authorized = Payment.objects.select_for_update().filter(
+        order_id=order_id, status=Payment.Status.AUTHORIZED
+    )
+    for payment in authorized.order_by("pk"):
+        _void_locked(payment)
+
+
+def payment_expire(*, payment_id: int) -> tuple[Payment, bool]:
+    """Expire an authorized payment whose hold is past `expires_at`: release the
+    hold, mark the payment expired and cancel its order; anything else stays.
+    Returns (payment, whether this call expired it).
+
+    One transaction under the order and payment locks; the hold's conditional
+    update (`WHERE status = 'active' AND expires_at <= now`) decides a race with a
+    capture or a void, so a second run (two beats at once) changes nothing.
+    """
+    with transaction.atomic(savepoint=False):
+        order, payment = _lock(payment_id)
+        if payment.status != Payment.Status.AUTHORIZED or payment.hold_id is None:
+            return payment, False
+        try:
+            hold_expire(hold_id=payment.hold_id)
+        except HoldNotActive:
+            return payment, False  # not past its expiry yet
+        payment.expire()
+        payment.save(update_fields=["status", "updated_at"])
+        order_cancel(order_id=order.pk)
+    return payment, True
+
+
+def payments_hold_expired(*, limit: int = 500) -> list[int]:
+    """Ids of authorized payments whose hold is past `expires_at`, oldest first."""
+    return list(
+        Payment.objects.filter(
+            status=Payment.Status.AUTHORIZED,
+            hold__status="active",
+            hold__expires_at__lte=timezone.now(),
+        )
+        .order_by("hold__expires_at", "pk")
+        .values_list("pk", flat=True)[:limit]
+    )
 
 
 def _pending_provider_payments(order_id: int) -> QuerySet[Payment]:
@@ -259,10 +457,16 @@ def _refund_locked(*, order: Order, payment: Payment, reason: str) -> Refund:
 
 
 def _lock(payment_id: int) -> tuple[Order, Payment]:
-    """Lock a payment's order, then the payment: the order every service uses."""
-    order_id = Payment.objects.values_list("order_id", flat=True).get(pk=payment_id)
-    order = Order.objects.select_for_update().get(pk=order_id)
-    payment = Payment.objects.select_for_update().get(pk=payment_id)
+    """Lock a payment's order, then the payment: the order every service uses.
+
+    The order is found through the payment in the same statement (`FOR UPDATE OF`
+    the order only); the payment comes with its hold, if any, unlocked."""
+    order = Order.objects.select_for_update(of=("self",)).get(payments__pk=payment_id)
+    payment = (
+        Payment.objects.select_for_update(of=("self",))
+        .select_related("hold")
+        .get(pk=payment_id)
+    )
     return order, payment
 
 
@@ -325,7 +529,13 @@ def payment_settle(*, payment_id: int, provider_txn_id: str) -> Payment:
         if not payment.provider_txn_id:
             payment.provider_txn_id = provider_txn_id
         if not order_takes_payment(order):
-            reason = "order_already_paid" if order.is_paid else "order_cancelled"
+            reason = (
+                "order_already_paid"
+                if order.is_paid
+                else "order_authorized"
+                if order.status == Order.Status.AUTHORIZED
+                else "order_cancelled"
+            )
             _refund_locked(order=order, payment=payment, reason=reason)
             return payment
         payment.save()

@@ -5,14 +5,19 @@ ran, so a worker killed mid-task gets it redelivered; every service called here
 re-reads its rows under a lock and returns early when the work is already done.
 """
 
+import logging
 from typing import Any
 
 from celery import shared_task
 from django.conf import settings
-from django.db import DatabaseError
+from django.db import DatabaseError, transaction
+
+from ledger.exceptions import DomainError
 
 from . import services
 from .exceptions import ProviderUnavailable
+
+logger = logging.getLogger(__name__)
 
 RETRY: dict[str, Any] = {
     "acks_late": True,
@@ -94,3 +99,23 @@ def redrive_inbox() -> int:
     for shipment_id in shipments:
         shipment_dispatch_task.delay(shipment_id)
     return len(events) + len(shipments)
+
+
+@shared_task
+def expire_holds() -> int:
+    """Expire authorized payments whose hold is past `expires_at`: the hold is
+    released, the payment `expired`, the order `cancelled`. Each in its own
+    transaction; safe when two beats run it at once (the loser finds the hold no
+    longer active and changes nothing). Returns how many it expired."""
+    expired = 0
+    for payment_id in services.payments_hold_expired():
+        try:
+            with transaction.atomic(durable=True):
+                _, moved = services.payment_expire(payment_id=payment_id)
+        except DomainError:
+            logger.exception(
+                "could not expire payment %s; next beat retries", payment_id
+            )
+            continue
+        expired += moved
+    return expired

@@ -353,6 +353,13 @@ CELERY_BEAT_SCHEDULE["orders-cancel-expired"] = {
     "task": "payments.tasks.cancel_expired_orders",
     "schedule": 300.0,
 }
+# Holds (manual capture): how long an authorization holds the money by default, and
+# the beat that releases holds past their expiry.
+HOLD_TTL_SECONDS = env_int("HOLD_TTL_SECONDS", 604800)
+CELERY_BEAT_SCHEDULE["payments-expire-holds"] = {
+    "task": "payments.tasks.expire_holds",
+    "schedule": 60.0,
+}
 CELERY_BEAT_SCHEDULE["payments-redrive-inbox"] = {
     "task": "payments.tasks.redrive_inbox",
     "schedule": 60.0,

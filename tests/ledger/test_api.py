@@ -24,6 +24,8 @@ def test_account_me(customer):
         "id": wallet.pk,
         "currency": "CNY",
         "balance": 1234,
+        "held": 0,
+        "available": 1234,
         "version": 1,
     }
 

@@ -80,7 +80,12 @@ def test_insufficient_funds_changes_nothing_and_frees_the_reference():
     alice, bob = funded_wallet(100), funded_wallet(0)
     with pytest.raises(InsufficientFunds) as refused, transaction.atomic():
         transfer(alice, bob, 101, "t-1")
-    assert refused.value.extra == {"balance": 100, "amount": 101}
+    assert refused.value.extra == {
+        "balance": 100,
+        "held": 0,
+        "available": 100,
+        "amount": 101,
+    }
     assert not JournalEntry.objects.filter(reference="t-1").exists()
     alice.refresh_from_db()
     bob.refresh_from_db()

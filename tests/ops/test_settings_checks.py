@@ -29,6 +29,8 @@ def test_the_shipped_settings_pass():
         ("IDEMPOTENCY_REDIS_FAILURE", "refuze", "idempotency.E003"),
         ("IDEMPOTENCY_ENDPOINTS", {"orders.pay": "sometimes"}, "idempotency.E004"),
         ("PREORDER_PURGE_AFTER_SECONDS", 599, "orders.E001"),
+        ("HOLD_TTL_SECONDS", 59, "payments.E001"),
+        ("HOLD_TTL_SECONDS", 2592001, "payments.E001"),
         ("LEDGER_DEFAULT_CURRENCY", "ZZZ", "ledger.E001"),
         ("LEDGER_DEFAULT_CURRENCY", "cny", "ledger.E001"),
         ("SNOWFLAKE_LEASE_SECONDS", 0, "idempotency.E006"),
