@@ -1,7 +1,8 @@
 """Any sequence of orders, authorizations, captures, voids, expiries, payments,
-refunds and cancellations keeps every invariant `check_ledger` proves (`held` is the
-sum of the active holds, `available >= 0`, each payment agrees with its hold, money
-is conserved), and the wallet's money is exactly what the outcomes say."""
+refunds, cancellations and transfers keeps every invariant `check_ledger` proves
+(`held` is the sum of the active holds, `available >= 0`, each payment agrees with
+its hold, money is conserved), and the wallet's money is exactly what the outcomes
+say."""
 
 from datetime import timedelta
 
@@ -13,7 +14,8 @@ from hypothesis import strategies as st
 
 from ledger.exceptions import DomainError
 from ledger.invariants import ledger_report
-from ledger.models import Hold
+from ledger.models import Hold, Transfer
+from ledger.services import TransferItem, transfer_create
 from orders.services import order_cancel
 from payments.models import Payment
 from payments.services import (
@@ -38,6 +40,8 @@ operations = st.lists(
         st.tuples(st.just("expire"), slots),
         st.tuples(st.just("cancel"), slots),
         st.tuples(st.just("refund"), slots),
+        st.tuples(st.just("order"), amounts),
+        st.tuples(st.just("transfer"), amounts),
     ),
     max_size=20,
 )
@@ -48,8 +52,15 @@ def _payment(order) -> Payment | None:
 
 
 def apply(op: tuple, orders: list) -> None:
-    name, slot = op[0], op[1]
-    order = orders[slot]
+    name = op[0]
+    if name == "order":
+        orders.append(place_order(orders[0].owner, amount=op[1]))
+        return
+    if name == "transfer":
+        item = TransferItem(to="prop-friend", amount=op[1], currency="CNY")
+        transfer_create(sender=orders[0].owner, item=item)
+        return
+    order = orders[op[1] % len(orders)]
     payment = _payment(order)
     if name == "authorize":
         payment_authorize_with_balance(order_id=order.pk, hold_seconds=3600)
@@ -81,6 +92,7 @@ def apply(op: tuple, orders: list) -> None:
 def test_any_sequence_keeps_holds_and_money_exact(ops, amounts):
     with transaction.atomic():
         user, _, wallet = customer("prop", balance=6_000)
+        customer("prop-friend")
         orders = [place_order(user, amount=a) for a in amounts]
         for op in ops:
             try:
@@ -94,6 +106,7 @@ def test_any_sequence_keeps_holds_and_money_exact(ops, amounts):
         payments = Payment.objects.filter(order__owner=user)
         spent = sum(p.amount for p in payments.filter(status="succeeded"))
         held = sum(p.authorized_amount for p in payments.filter(status="authorized"))
-        assert (wallet.balance, wallet.held) == (6_000 - spent, held)
+        sent = sum(t.amount for t in Transfer.objects.filter(sender=user))
+        assert (wallet.balance, wallet.held) == (6_000 - spent - sent, held)
         assert 0 <= wallet.held <= wallet.balance
         transaction.set_rollback(True)
