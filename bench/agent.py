@@ -159,6 +159,8 @@ class Agent:
             self.run_transfer(intent, amount // 10)
             return
         method = "provider" if n % 3 == 2 else "balance"
+        if n % 6 == 4:
+            method = "hold"  # authorize now, capture at once (manual capture)
         emit(ev="start", intent=intent, method=method, amount=amount)
         try:
             number = self.send(intent, "number", "/api/v1/preorders", {})
@@ -173,15 +175,34 @@ class Agent:
             self.send(
                 intent, "order", "/api/v1/orders", {**order, "description": intent}
             )
-            paid = self.send(
-                intent, "pay", f"/api/v1/orders/{order_no}/pay", {"method": method}
-            )
+            if method == "hold":
+                paid = self.hold_and_capture(intent, order_no)
+            else:
+                paid = self.send(
+                    intent, "pay", f"/api/v1/orders/{order_no}/pay", {"method": method}
+                )
         except OutcomeUnknown as exc:
             emit(ev="unknown", intent=intent, detail=str(exc))
             return
         if method == "provider" and paid.status_code == 201:
             confirm_on_pay_page(paid.json()["pay_url"])
         emit(ev="done", intent=intent, order=order_no, status=paid.status_code)
+
+    def hold_and_capture(self, intent: str, order_no: str) -> Result:
+        """Authorize (the wallet's money is held), then capture it: the capture is
+        the step that moves money, so it is the one named `pay` (the kill before
+        reading its reply, the verdict's one debit or none). A refused
+        authorization (`insufficient_funds`) is the intent's final answer."""
+        held = self.send(
+            intent,
+            "authorize",
+            f"/api/v1/orders/{order_no}/pay",
+            {"method": "balance", "capture": "manual"},
+        )
+        if held.status_code != 201:
+            return held
+        payment = held.json()["id"]
+        return self.send(intent, "pay", f"/api/v1/payments/{payment}/capture", {})
 
     def run_transfer(self, intent: str, amount: int) -> None:
         """Send money to the peer agent's customer. The money step is named `pay`,

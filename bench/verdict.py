@@ -37,8 +37,14 @@ class Intent:
 
 
 def pay_status(intent: Intent) -> int | None:
-    answers = intent.answers.get("pay")
+    """The final answer of the step that moves money (a capture's, for a hold; a
+    refused authorization is final too)."""
+    answers = intent.answers.get("pay") or intent.answers.get("authorize")
     return answers[0][0] if answers else None
+
+
+# A payment's success: 201 Created, or 200 for a capture (it changes a payment).
+SUCCESS = {200, 201}
 
 
 def judge_transfer(intent: Intent, moved: list[tuple]) -> str:
@@ -214,18 +220,18 @@ def judge(
             double_debits += 1
             violations.append(f"{intent.name}: {debits} debits")
         paid = order_status in PAID_STATES
-        if status == 201 and not (paid and debits == 1):
+        if status in SUCCESS and not (paid and debits == 1):
             lost += 1
             violations.append(
                 f"{intent.name}: answered 201 but order status {order_status}, "
                 f"{debits} debits"
             )
-        elif status != 201 and (paid or debits):
+        elif status not in SUCCESS and (paid or debits):
             violations.append(
                 f"{intent.name}: answered {status} but the order is paid or debited"
             )
         outcomes[f"{intent.method} {status}"] += 1
-        if paid and intent.method == "balance":
+        if paid and intent.method in ("balance", "hold"):
             spent[customer] += amount
 
     unknown_orders = set(orders_of) - set(intents)

@@ -35,6 +35,10 @@ def test_the_short_chaos_run_ends_with_no_violation(tmp_path):
     assert result["ledger_ok"] is True
     assert result["violations"] == []
     assert result["intents"] > 0 and result["requests"] > result["intents"]
+    # The agents pay from the balance, through the provider, by a hold and its
+    # capture, and send transfers (bench/agent.py).
+    methods = {outcome.split()[0] for outcome in result["outcomes"]}
+    assert {"balance", "provider", "hold", "transfer"} <= methods, result["outcomes"]
     assert result["replays"] > 0 and result["duplicate_callbacks"] > 0
     assert result["kills"] > 0
     assert {"gunicorn_worker", "agent_before_reading_reply"} <= set(
