@@ -3,9 +3,25 @@ apply it (as often, and from as many threads, as a test likes)."""
 
 import html
 import re
+from datetime import timedelta
 from typing import Any
 
 from django.test import Client
+from django.utils import timezone
+
+from idempotency.models import IdempotencyRecord
+from ledger.services import account_freeze, account_unfreeze, merchant_account
+from payments.models import Payment, ProviderEvent
+from payments.services import payment_pay_with_balance
+from payments.tasks import provider_event_process_task
+from tests.factories import IdempotencyRecordFactory
+from tests.helpers import (
+    customer,
+    event_body,
+    pending_provider_payment,
+    place_order,
+    post_callback,
+)
 
 TOKEN = re.compile(r'name="token" value="([0-9a-f]{32})"')
 
@@ -53,3 +69,36 @@ def messages_of(response) -> list[str]:
     return [
         html.unescape(m).strip() for m in MESSAGE.findall(response.content.decode())
     ]
+
+
+def stuck(**values) -> IdempotencyRecord:
+    """A phased request that died before its first recovery point."""
+    return IdempotencyRecordFactory.create(
+        endpoint="orders.pay",
+        path="/api/v1/orders/1/pay",
+        status=IdempotencyRecord.Status.PROCESSING,
+        response_status=None,
+        response_body=None,
+        recovery_point="started",
+        locked_until=timezone.now() - timedelta(minutes=5),
+        **values,
+    )
+
+
+def parked_event(max_attempts: int) -> tuple[ProviderEvent, Payment, object]:
+    """A late provider success for an order paid from the balance meanwhile, parked
+    because the merchant account was frozen; the account is active again."""
+    user, _, wallet = customer("bob", balance=5000)
+    order = place_order(user, amount=2500)
+    payment = pending_provider_payment(order)
+    payment_pay_with_balance(order_id=order.pk)
+    merchant = merchant_account(currency="CNY")
+    account_freeze(account_id=merchant.pk)
+    assert post_callback(event_body(payment)).status_code == 200
+    event = ProviderEvent.objects.get()
+    for _ in range(max_attempts):
+        provider_event_process_task(event.pk)
+    event.refresh_from_db()
+    assert event.status == ProviderEvent.Status.PARKED
+    account_unfreeze(account_id=merchant.pk)
+    return event, payment, wallet

@@ -1,8 +1,11 @@
-"""The tests' shared toolkit: customers, orders, keys, and the checks every app's
-tests make the same way. Real services, no mocks. (Fixtures are in `conftest.py`,
-rows without a story in `factories.py`, processes in `servers.py`.)"""
+"""The tests' shared toolkit: customers, orders, keys, the provider's payments and
+signed callbacks, and the checks every app's tests make the same way. Real
+services, no mocks. (Fixtures are in `conftest.py`,
+rows without a story in `factories.py`, processes in `servers.py` and `workers.py`,
+the admin's forms in `backoffice.py`.)"""
 
 import itertools
+import json
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -10,24 +13,40 @@ from contextlib import contextmanager
 from typing import Any
 
 import psycopg
+from django.conf import settings
 from django.db import connection
 from django.db.models import Model
 from rest_framework.test import APIClient
 
-from ledger.models import Account
-from ledger.services import customer_get_or_create, ledger_deposit
+from ledger.invariants import ledger_report
+from ledger.models import Account, JournalEntry
+from ledger.services import (
+    customer_get_or_create,
+    external_account,
+    ledger_deposit,
+    merchant_account,
+)
 from orders.models import Order
 from orders.services import order_create, preorder_create
+from payments.models import Payment, Shipment
+from payments.signatures import sign
+from tests.factories import PaymentFactory
 from tests.servers import free_port
 
 __all__ = [
+    "Customer",
     "assert_problem",
+    "assert_settled_once",
     "balance",
     "blocked_on_lock",
     "customer",
+    "event_body",
     "free_port",
     "new_key",
+    "pending_provider_payment",
     "place_order",
+    "post_callback",
+    "raw",
     "row_locked",
     "wait_for",
 ]
@@ -118,3 +137,99 @@ def blocked_on_lock(model: type[Model] | None = None) -> bool:
             [pattern],
         )
         return cursor.fetchone()[0] > 0
+
+
+# -- the provider: its payments and signed callbacks ---------------------------------
+
+_events = itertools.count(1)
+
+
+def pending_provider_payment(order: Order, txn: str = "") -> Payment:
+    """A provider payment as phase 3 of the pay request leaves it."""
+    extra = {"provider_txn_id": txn} if txn else {}
+    return PaymentFactory.create(order=order, **extra)
+
+
+def event_body(payment: Payment, **overrides) -> dict:
+    body = {
+        "event_id": f"evt-{next(_events)}-{time.time_ns()}",
+        "merchant_order_no": payment.order.merchant_order_no,
+        "provider_txn_id": payment.provider_txn_id,
+        "status": "SUCCESS",
+        "amount": payment.amount,
+    }
+    body.update(overrides)
+    return body
+
+
+def raw(body) -> bytes:
+    return json.dumps(body).encode() if not isinstance(body, bytes) else body
+
+
+def post_callback(
+    body, *, url: str = "", header: str | None = None, timestamp=None, secret=None
+):
+    """POST a callback signed now with a fresh nonce (or with `header` as given)."""
+    data = raw(body)
+    if header is None:
+        header = sign(
+            secret=secret or settings.PAYMENT_PROVIDER_SECRET,
+            body=data,
+            timestamp=timestamp,
+        )
+    headers = {"X-Provider-Signature": header} if header else {}
+    if url:
+        import httpx
+
+        return httpx.post(
+            f"{url}/api/v1/payments/callback",
+            content=data,
+            headers={**headers, "Content-Type": "application/json"},
+            timeout=10,
+        )
+    return APIClient().post(
+        "/api/v1/payments/callback",
+        data,
+        content_type="application/json",
+        headers=headers,
+    )
+
+
+def assert_settled_once(payment: Payment) -> None:
+    """The provider's money came in exactly once: payment, order, balances, shipment."""
+    payment.refresh_from_db()
+    payment.order.refresh_from_db()
+    assert payment.status == Payment.Status.SUCCEEDED
+    assert payment.order.status == Order.Status.PAID
+    assert balance(merchant_account(currency="CNY")) == payment.amount
+    assert balance(external_account(currency="CNY")) == -payment.amount
+    assert Shipment.objects.filter(order=payment.order).count() == 1
+    report = ledger_report()
+    assert report["ok"], report
+
+
+# -- a customer as the API sees it ----------------------------------------------------
+
+
+class Customer:
+    """A customer with an API token, posting JSON bodies under a key (or none)."""
+
+    def __init__(self, username: str) -> None:
+        self.user, self.token, self.wallet = customer_get_or_create(
+            username=username, currency="CNY"
+        )
+
+    def client(self) -> APIClient:
+        client = APIClient()
+        client.credentials(HTTP_AUTHORIZATION=f"Token {self.token}")
+        return client
+
+    def post(self, path: str, body, key: str | None, client: APIClient | None = None):
+        headers = {} if key is None else {"Idempotency-Key": key}
+        raw = body if isinstance(body, str) else json.dumps(body)
+        return (client or self.client()).post(
+            path, raw, content_type="application/json", headers=headers
+        )
+
+    def deposits(self) -> int:
+        return JournalEntry.objects.filter(postings__account=self.wallet).count()

@@ -10,10 +10,9 @@ from idempotency.models import AuditEntry, IdempotencyRecord
 from ledger.models import Account, JournalEntry
 from payments.models import ProviderEvent, Refund
 from payments.services import payment_pay_with_balance
+from tests.backoffice import parked_event, stuck
 from tests.browser.conftest import PASSWORD
 from tests.helpers import balance, customer, place_order
-from tests.idempotency.test_forget import stuck
-from tests.payments.test_admin import parked_event
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 

@@ -1,33 +1,8 @@
-import json
 import uuid
 
 import pytest
-from rest_framework.test import APIClient
 
-from ledger.models import JournalEntry
-from ledger.services import customer_get_or_create
-
-
-class Customer:
-    def __init__(self, username: str) -> None:
-        self.user, self.token, self.wallet = customer_get_or_create(
-            username=username, currency="CNY"
-        )
-
-    def client(self) -> APIClient:
-        client = APIClient()
-        client.credentials(HTTP_AUTHORIZATION=f"Token {self.token}")
-        return client
-
-    def post(self, path: str, body, key: str | None, client: APIClient | None = None):
-        headers = {} if key is None else {"Idempotency-Key": key}
-        raw = body if isinstance(body, str) else json.dumps(body)
-        return (client or self.client()).post(
-            path, raw, content_type="application/json", headers=headers
-        )
-
-    def deposits(self) -> int:
-        return JournalEntry.objects.filter(postings__account=self.wallet).count()
+from tests.helpers import Customer
 
 
 @pytest.fixture

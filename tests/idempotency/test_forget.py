@@ -2,36 +2,19 @@
 (nothing but its record committed) may be forgotten, each time recorded in the audit
 log with who and when; a second press, or two staff members at once, forget it once."""
 
-from datetime import timedelta
-
 import pytest
 from django.db import connection, transaction
-from django.utils import timezone
 
 from idempotency.models import AuditEntry, IdempotencyRecord
 from idempotency.records import Call, Claimed, claim
 from idempotency.services import KeyNotForgettable, record_forget
-from tests.backoffice import messages_of, staff
+from tests.backoffice import messages_of, staff, stuck
 from tests.conftest import run_in_threads
 from tests.factories import IdempotencyRecordFactory
 
 pytestmark = pytest.mark.django_db
 
 RECORDS = "/admin/idempotency/idempotencyrecord/"
-
-
-def stuck(**values) -> IdempotencyRecord:
-    """A phased request that died before its first recovery point."""
-    return IdempotencyRecordFactory.create(
-        endpoint="orders.pay",
-        path="/api/v1/orders/1/pay",
-        status=IdempotencyRecord.Status.PROCESSING,
-        response_status=None,
-        response_body=None,
-        recovery_point="started",
-        locked_until=timezone.now() - timedelta(minutes=5),
-        **values,
-    )
 
 
 def forget(client, *records):

@@ -1,7 +1,7 @@
 """Settings of the beats `test_beat_leader` starts: the test database, the test
 broker, periodic tasks every second or two, and a three-second leader lease."""
 
-from tests.payments.worker_settings import *  # noqa: F403
+from tests.worker_settings import *  # noqa: F403
 
 CELERY_BEAT_SCHEDULE = {
     "every-second": {

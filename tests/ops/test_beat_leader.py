@@ -26,8 +26,8 @@ from orders.models import Order, PreOrder
 from payments.models import CallbackNonce
 from tests.conftest import run_in_threads
 from tests.helpers import customer, place_order
-from tests.payments.processes import BROKER_URL, process_env
 from tests.servers import ROOT, stop
+from tests.workers import BROKER_URL, process_env
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

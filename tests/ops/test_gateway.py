@@ -28,8 +28,7 @@ import pytest
 from django.db import connection
 
 from ledger.openapi import problem_codes
-from tests.helpers import assert_problem, wait_for
-from tests.idempotency.conftest import Customer
+from tests.helpers import Customer, assert_problem, wait_for
 from tests.servers import ROOT, children, free_port, gunicorn, raw_exchange, stop
 
 NGINX = shutil.which("nginx") or "/usr/sbin/nginx"

@@ -21,8 +21,15 @@ from ledger.openapi import problem_codes
 from orders.models import Order
 from payments.models import Payment, ProviderEvent, Refund
 from payments.services import payment_pay_with_balance
-from tests.helpers import assert_problem, customer, new_key, place_order
-from tests.payments.helpers import event_body, pending_provider_payment, post_callback
+from tests.helpers import (
+    assert_problem,
+    customer,
+    event_body,
+    new_key,
+    pending_provider_payment,
+    place_order,
+    post_callback,
+)
 
 pytestmark = pytest.mark.django_db
 

@@ -13,7 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from ledger.celery import app as celery_app
 from ledger.logging import JsonFormatter
-from tests.idempotency.conftest import Customer
+from tests.helpers import Customer
 from tests.servers import gunicorn
 
 

@@ -18,8 +18,14 @@ from django.test.utils import CaptureQueriesContext
 
 from ledger.services import merchant_account
 from orders.services import product_get_or_create, stock_top_up
-from tests.helpers import customer, new_key, place_order
-from tests.payments.helpers import event_body, pending_provider_payment, post_callback
+from tests.helpers import (
+    customer,
+    event_body,
+    new_key,
+    pending_provider_payment,
+    place_order,
+    post_callback,
+)
 
 pytestmark = pytest.mark.django_db
 

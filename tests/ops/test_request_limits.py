@@ -17,7 +17,7 @@ from django.conf import settings
 from idempotency.models import IdempotencyRecord
 from ledger.openapi import problem_codes
 from orders.models import Order
-from tests.idempotency.conftest import Customer
+from tests.helpers import Customer
 from tests.servers import ROOT, gunicorn, raw_exchange
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]

@@ -31,7 +31,7 @@ from schemathesis.specs.openapi.checks import (  # noqa: E402
 )
 
 from ledger.openapi import problem_codes  # noqa: E402
-from tests.idempotency.conftest import Customer  # noqa: E402
+from tests.helpers import Customer  # noqa: E402
 from tests.servers import gunicorn  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]

@@ -1,8 +1,7 @@
 import pytest
 
 from tests.servers import gunicorn
-
-from .processes import BROKER_URL, SETTINGS, broker
+from tests.workers import BROKER_URL, SETTINGS, broker
 
 
 @pytest.fixture

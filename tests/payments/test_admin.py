@@ -6,17 +6,25 @@ import pytest
 from django.db import connection
 
 from ledger.models import JournalEntry
-from ledger.services import account_freeze, account_unfreeze, merchant_account
 from orders.models import Order
 from payments.models import Payment, ProviderEvent, Refund
 from payments.services import payment_pay_with_balance
-from payments.tasks import provider_event_process_task
-from tests.backoffice import apply_action, messages_of, open_action, staff, token_of
+from tests.backoffice import (
+    apply_action,
+    messages_of,
+    open_action,
+    parked_event,
+    staff,
+    token_of,
+)
 from tests.conftest import run_in_threads
 from tests.factories import ChargeFactory
-from tests.helpers import balance, customer, place_order
-
-from .helpers import event_body, pending_provider_payment, post_callback
+from tests.helpers import (
+    balance,
+    customer,
+    pending_provider_payment,
+    place_order,
+)
 
 pytestmark = pytest.mark.django_db
 
@@ -172,25 +180,6 @@ def test_refund_refuses_a_pending_payment_with_a_message(admin_client):
     assert response.status_code == 200
     assert any("Only a succeeded payment" in m for m in messages_of(response))
     assert not Refund.objects.exists()
-
-
-def parked_event(max_attempts: int) -> tuple[ProviderEvent, Payment, object]:
-    """A late provider success for an order paid from the balance meanwhile, parked
-    because the merchant account was frozen; the account is active again."""
-    user, _, wallet = customer("bob", balance=5000)
-    order = place_order(user, amount=2500)
-    payment = pending_provider_payment(order)
-    payment_pay_with_balance(order_id=order.pk)
-    merchant = merchant_account(currency="CNY")
-    account_freeze(account_id=merchant.pk)
-    assert post_callback(event_body(payment)).status_code == 200
-    event = ProviderEvent.objects.get()
-    for _ in range(max_attempts):
-        provider_event_process_task(event.pk)
-    event.refresh_from_db()
-    assert event.status == ProviderEvent.Status.PARKED
-    account_unfreeze(account_id=merchant.pk)
-    return event, payment, wallet
 
 
 def redrive(client, event):

@@ -21,12 +21,14 @@ from payments.services import (
 )
 from payments.signatures import sign
 from tests.conftest import run_in_threads
-from tests.helpers import assert_problem, balance, customer, place_order
-
-from .helpers import (
+from tests.helpers import (
+    assert_problem,
     assert_settled_once,
+    balance,
+    customer,
     event_body,
     pending_provider_payment,
+    place_order,
     post_callback,
     raw,
 )

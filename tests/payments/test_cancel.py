@@ -38,8 +38,7 @@ from tests.helpers import (
     wait_for,
 )
 from tests.servers import children, free_port
-
-from .processes import celery_worker, pool_child
+from tests.workers import celery_worker, pool_child
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 

@@ -787,7 +787,7 @@ def test_a_provider_success_for_an_authorized_order_is_refunded(
     django_capture_on_commit_callbacks,
 ):
     from payments.services import payment_settle
-    from tests.payments.helpers import pending_provider_payment
+    from tests.helpers import pending_provider_payment
 
     user, _, wallet = customer("alice", balance=5000)
     order = place_order(user, amount=1000)

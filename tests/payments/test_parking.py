@@ -34,9 +34,14 @@ from payments.services import (
 )
 from payments.tasks import provider_event_process_task, redrive_inbox
 from tests.conftest import run_in_threads
-from tests.helpers import balance, customer, place_order
-
-from .helpers import event_body, pending_provider_payment, post_callback
+from tests.helpers import (
+    balance,
+    customer,
+    event_body,
+    pending_provider_payment,
+    place_order,
+    post_callback,
+)
 
 pytestmark = pytest.mark.django_db
 

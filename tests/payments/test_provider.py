@@ -33,8 +33,7 @@ from tests.helpers import (
     wait_for,
 )
 from tests.servers import children, free_port, gunicorn
-
-from .processes import BROKER_URL, SETTINGS, celery_worker
+from tests.workers import BROKER_URL, SETTINGS, celery_worker
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 

@@ -19,10 +19,12 @@ from tests.helpers import (
     assert_problem,
     balance,
     customer,
+    event_body,
     new_key,
+    pending_provider_payment,
     place_order,
+    post_callback,
 )
-from tests.payments.helpers import event_body, pending_provider_payment, post_callback
 
 pytestmark = pytest.mark.django_db
 

@@ -21,9 +21,7 @@ from payments.provider.models import Charge
 from payments.provider.services import charge_create, charge_settle
 from payments.services import payment_pay_with_balance, payment_settle
 from tests.conftest import run_in_threads
-from tests.helpers import balance, customer, place_order
-
-from .helpers import pending_provider_payment
+from tests.helpers import balance, customer, pending_provider_payment, place_order
 
 pytestmark = pytest.mark.django_db
 

@@ -15,9 +15,12 @@ from payments.provider.models import Charge, Notification
 from payments.provider.services import charge_create, charge_settle
 from payments.services import payment_pay_with_balance
 from tests.conftest import run_in_threads
-from tests.helpers import assert_problem, customer, place_order
-
-from .helpers import pending_provider_payment
+from tests.helpers import (
+    assert_problem,
+    customer,
+    pending_provider_payment,
+    place_order,
+)
 
 pytestmark = pytest.mark.django_db
 

@@ -21,23 +21,20 @@ from payments.signatures import sign
 from payments.tasks import redrive_inbox
 from tests.helpers import (
     assert_problem,
+    assert_settled_once,
     balance,
     blocked_on_lock,
     customer,
+    event_body,
+    pending_provider_payment,
     place_order,
+    post_callback,
+    raw,
     row_locked,
     wait_for,
 )
 from tests.servers import children
-
-from .helpers import (
-    assert_settled_once,
-    event_body,
-    pending_provider_payment,
-    post_callback,
-    raw,
-)
-from .processes import (
+from tests.workers import (
     BROKER_URL,
     broker,
     celery_worker,

@@ -23,7 +23,7 @@ from tests.servers import ROOT, children, stop
 # A Redis database of its own: a worker of another test run on this machine must not
 # take this run's tasks (TEST_BROKER_URL gives each concurrent run its own).
 BROKER_URL = os.environ.get("TEST_BROKER_URL", "redis://127.0.0.1:6379/11")
-SETTINGS = "tests.payments.worker_settings"
+SETTINGS = "tests.worker_settings"
 
 
 def process_env(**extra: str) -> dict[str, str]:
