@@ -145,11 +145,15 @@ class Lease(models.Model):
     clock runs fast or slow can neither steal a live lease nor keep a dead one.
     """
 
-    name = models.CharField(max_length=100, primary_key=True)
+    name = models.CharField(_("name"), max_length=100, primary_key=True)
     # host:pid:random token; the token tells apart two holders with the same pid.
-    holder = models.CharField(max_length=200)
-    acquired_at = models.DateTimeField()
-    expires_at = models.DateTimeField()
+    holder = models.CharField(_("holder"), max_length=200)
+    acquired_at = models.DateTimeField(_("acquired"))
+    expires_at = models.DateTimeField(_("expires"))
+
+    class Meta:
+        verbose_name = _("lease")
+        verbose_name_plural = _("leases")
 
     def __str__(self) -> str:
         return f"{self.name} held by {self.holder} until {self.expires_at}"

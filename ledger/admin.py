@@ -403,14 +403,15 @@ class TransferAdmin(ReadOnlyAdmin):
         "batch",
         "sender",
         "recipient",
-        "amount",
-        "currency",
+        "amount_money",
         "created_at",
     )
     list_select_related = ("batch", "sender", "recipient")
     list_filter = ("currency",)
     search_fields = ("sender__username", "recipient__username", "description")
     date_hierarchy = "created_at"
+
+    amount_money = money_column("amount", _("amount"))
 
 
 @admin.register(TransferBatch)
@@ -428,7 +429,7 @@ class HoldAdmin(ReadOnlyAdmin):
     list_display = (
         "id",
         "account",
-        "amount",
+        "amount_money",
         "status",
         "reference",
         "expires_at",
@@ -438,3 +439,7 @@ class HoldAdmin(ReadOnlyAdmin):
     list_filter = ("status",)
     search_fields = ("reference", "account__owner__username")
     list_select_related = ("account", "account__owner")
+
+    amount_money = money_column(
+        "amount", _("amount"), currency=lambda hold: hold.account.currency
+    )

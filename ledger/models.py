@@ -14,6 +14,7 @@ from django.conf import settings
 from django.db import models
 from django.db.models import Q
 from django.utils.translation import gettext_lazy as _
+from django.utils.translation import pgettext_lazy
 from django_fsm import FSMField, transition
 
 
@@ -184,14 +185,19 @@ class JournalSeal(models.Model):
 
     entry = models.OneToOneField(
         JournalEntry,
+        verbose_name=_("journal entry"),
         on_delete=models.DO_NOTHING,
         db_constraint=False,
         related_name="seal",
     )
-    seq = models.BigIntegerField(unique=True)
-    prev_hash = models.CharField(max_length=64)
-    hash = models.CharField(max_length=64)
-    sealed_at = models.DateTimeField(auto_now_add=True)
+    seq = models.BigIntegerField(_("sequence number"), unique=True)
+    prev_hash = models.CharField(_("previous hash"), max_length=64)
+    hash = models.CharField(_("hash"), max_length=64)
+    sealed_at = models.DateTimeField(_("sealed"), auto_now_add=True)
+
+    class Meta:
+        verbose_name = _("journal seal")
+        verbose_name_plural = _("journal seals")
 
     def __str__(self) -> str:
         return f"seal #{self.seq} of entry {self.entry_id}"
@@ -202,12 +208,16 @@ class TransferBatch(models.Model):
     nothing. Its id is the batch's id in the API."""
 
     sender = models.ForeignKey(
-        settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+"
+        settings.AUTH_USER_MODEL,
+        verbose_name=_("sender"),
+        on_delete=models.PROTECT,
+        related_name="+",
     )
-    created_at = models.DateTimeField(auto_now_add=True)
+    created_at = models.DateTimeField(_("created"), auto_now_add=True)
 
     class Meta:
-        verbose_name_plural = "transfer batches"
+        verbose_name = _("transfer batch")
+        verbose_name_plural = _("transfer batches")
 
     def __str__(self) -> str:
         return f"transfer batch {self.pk}"
@@ -218,28 +228,42 @@ class Transfer(models.Model):
     debit of the sender and a credit of the recipient."""
 
     batch = models.ForeignKey(
-        TransferBatch, on_delete=models.PROTECT, related_name="transfers"
+        TransferBatch,
+        verbose_name=_("transfer batch"),
+        on_delete=models.PROTECT,
+        related_name="transfers",
     )
-    index = models.PositiveSmallIntegerField()
+    index = models.PositiveSmallIntegerField(_("position in batch"))
     entry = models.OneToOneField(
-        JournalEntry, on_delete=models.PROTECT, related_name="transfer"
+        JournalEntry,
+        verbose_name=_("journal entry"),
+        on_delete=models.PROTECT,
+        related_name="transfer",
     )
     sender = models.ForeignKey(
-        settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+"
+        settings.AUTH_USER_MODEL,
+        verbose_name=_("sender"),
+        on_delete=models.PROTECT,
+        related_name="+",
     )
     recipient = models.ForeignKey(
-        settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+"
+        settings.AUTH_USER_MODEL,
+        verbose_name=_("recipient"),
+        on_delete=models.PROTECT,
+        related_name="+",
     )
-    amount = models.BigIntegerField()
-    currency = models.CharField(max_length=3)
-    description = models.CharField(max_length=255, blank=True)
-    created_at = models.DateTimeField(auto_now_add=True)
+    amount = models.BigIntegerField(_("amount"))
+    currency = models.CharField(_("currency"), max_length=3)
+    description = models.CharField(_("description"), max_length=255, blank=True)
+    created_at = models.DateTimeField(_("created"), auto_now_add=True)
 
     # A transfer exists only once its money moved (it is written in the same
     # transaction), so it has one state.
     status = "succeeded"
 
     class Meta:
+        verbose_name = _("transfer")
+        verbose_name_plural = _("transfers")
         constraints = [
             models.UniqueConstraint(
                 fields=["batch", "index"], name="transfer_batch_index_unique"
@@ -268,22 +292,30 @@ class Hold(models.Model):
     """
 
     class Status(models.TextChoices):
-        ACTIVE = "active", "Active"
-        CAPTURED = "captured", "Captured"
-        VOIDED = "voided", "Voided"
-        EXPIRED = "expired", "Expired"
+        # "Active" is an account's status too (正常): a hold's reads differently.
+        ACTIVE = "active", pgettext_lazy("hold status", "Active")
+        CAPTURED = "captured", _("Captured")
+        VOIDED = "voided", _("Voided")
+        EXPIRED = "expired", _("Expired")
 
-    account = models.ForeignKey(Account, on_delete=models.PROTECT, related_name="holds")
-    amount = models.BigIntegerField()
-    status = models.CharField(
-        max_length=16, choices=Status.choices, default=Status.ACTIVE
+    account = models.ForeignKey(
+        Account,
+        verbose_name=_("account"),
+        on_delete=models.PROTECT,
+        related_name="holds",
     )
-    reference = models.CharField(max_length=300, unique=True)
-    expires_at = models.DateTimeField()
-    created_at = models.DateTimeField(auto_now_add=True)
-    released_at = models.DateTimeField(null=True, blank=True)
+    amount = models.BigIntegerField(_("amount"))
+    status = models.CharField(
+        _("status"), max_length=16, choices=Status.choices, default=Status.ACTIVE
+    )
+    reference = models.CharField(_("reference"), max_length=300, unique=True)
+    expires_at = models.DateTimeField(_("expires"))
+    created_at = models.DateTimeField(_("created"), auto_now_add=True)
+    released_at = models.DateTimeField(_("released"), null=True, blank=True)
 
     class Meta:
+        verbose_name = _("hold")
+        verbose_name_plural = _("holds")
         constraints = [
             models.CheckConstraint(
                 condition=Q(amount__gt=0), name="hold_amount_positive"

@@ -9,8 +9,8 @@ from django.shortcuts import get_object_or_404
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
 from django.utils.html import format_html
+from django.utils.translation import gettext, ngettext
 from django.utils.translation import gettext_lazy as _
-from django.utils.translation import ngettext
 
 from ledger.backoffice import money_column
 from ledger.currencies import SUPPORTED_CURRENCIES
@@ -92,14 +92,31 @@ class OrderAdmin(admin.ModelAdmin):
         names = sorted(t.name for t in transitions)
         return ", ".join(str(TRANSITION_LABELS.get(n, n)) for n in names) or "—"
 
-    def _transition(self, request: HttpRequest, queryset: QuerySet, service) -> None:
+    def _transition(
+        self, request: HttpRequest, queryset: QuerySet, service, name: str
+    ) -> None:
         moved = 0
         for order in queryset.order_by("pk"):
             try:
                 with transaction.atomic(durable=True):  # one order, one transaction
                     service(order_id=order.pk)
-            except DomainError as exc:
-                self.message_user(request, exc.detail, messages.WARNING)
+            except DomainError:
+                # The refusal's detail is the API's English: say it in the reader's
+                # language, with the status the order has now.
+                order.refresh_from_db(fields=["status"])
+                self.message_user(
+                    request,
+                    gettext(
+                        "Order %(order)s is %(status)s; it cannot %(transition)s. "
+                        "Not changed."
+                    )
+                    % {
+                        "order": order.merchant_order_no,
+                        "status": order.get_status_display(),
+                        "transition": TRANSITION_LABELS[name],
+                    },
+                    messages.WARNING,
+                )
             else:
                 moved += 1
         if moved:
@@ -112,15 +129,15 @@ class OrderAdmin(admin.ModelAdmin):
 
     @admin.action(description=_("Cancel (only unpaid orders)"))
     def cancel(self, request: HttpRequest, queryset: QuerySet) -> None:
-        self._transition(request, queryset, services.order_cancel)
+        self._transition(request, queryset, services.order_cancel, "cancel")
 
     @admin.action(description=_("Mark shipped (paid orders)"))
     def ship(self, request: HttpRequest, queryset: QuerySet) -> None:
-        self._transition(request, queryset, services.order_ship)
+        self._transition(request, queryset, services.order_ship, "ship")
 
     @admin.action(description=_("Mark completed (shipped orders)"))
     def complete(self, request: HttpRequest, queryset: QuerySet) -> None:
-        self._transition(request, queryset, services.order_complete)
+        self._transition(request, queryset, services.order_complete, "complete")
 
 
 @admin.register(PreOrder)
@@ -217,8 +234,16 @@ class ProductAdmin(admin.ModelAdmin):
                             reference=f"{product.pk}:{data['token']}",
                             note=f"{request.user.get_username()}: {data['note']}",
                         )
-                except OutOfStock as exc:
-                    form.add_error("quantity", exc.detail)
+                except OutOfStock:
+                    product.refresh_from_db(fields=["stock"])
+                    form.add_error(
+                        "quantity",
+                        gettext(
+                            "Only %(stock)s in stock: %(quantity)s cannot be "
+                            "removed. Nothing changed."
+                        )
+                        % {"stock": product.stock, "quantity": -data["quantity"]},
+                    )
                 else:
                     if moved:
                         self.message_user(

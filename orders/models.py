@@ -210,7 +210,10 @@ class StockMovement(models.Model):
         RETURN = "return", _("Given back by a cancelled order")
 
     product = models.ForeignKey(
-        Product, on_delete=models.PROTECT, related_name="movements"
+        Product,
+        verbose_name=_("product"),
+        on_delete=models.PROTECT,
+        related_name="movements",
     )
     quantity = models.BigIntegerField(_("quantity"))  # signed: + in, - out
     reference = models.CharField(_("reference"), max_length=255, unique=True)
@@ -236,9 +239,17 @@ class OrderItem(models.Model):
     """One line of an order placed with `items`: the product, how many, and the
     price it was sold at (a later price change does not rewrite the order)."""
 
-    order = models.ForeignKey(Order, on_delete=models.PROTECT, related_name="items")
+    order = models.ForeignKey(
+        Order,
+        verbose_name=_("order"),
+        on_delete=models.PROTECT,
+        related_name="items",
+    )
     product = models.ForeignKey(
-        Product, on_delete=models.PROTECT, related_name="order_items"
+        Product,
+        verbose_name=_("product"),
+        on_delete=models.PROTECT,
+        related_name="order_items",
     )
     sku = models.CharField(_("SKU"), max_length=SKU_MAX_LENGTH)
     name = models.CharField(_("name"), max_length=255)

@@ -68,6 +68,7 @@ class Payment(ConcurrentTransitionMixin, models.Model):
     # (`amount` becomes what was captured).
     hold = models.OneToOneField(
         Hold,
+        verbose_name=_("hold"),
         null=True,
         blank=True,
         on_delete=models.PROTECT,
