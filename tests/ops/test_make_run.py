@@ -1,7 +1,8 @@
 """`make run` as a new user starts it: a fresh clone, an empty environment, a terminal.
 
 The stack runs from a `git clone` of this checkout with only PATH, HOME and PORT set
-(and, in the second run, the services' variables), so it installs its own `.venv/`
+(and, in the second run, the services' variables: PostgreSQL, Redis, RabbitMQ), so it
+installs its own `.venv/`
 and uses exactly the processes of the Procfile. Ctrl-C is typed on a pseudo-terminal
 as a person would: the run must stop every process warmly, print no ERROR line and
 let make exit 0. In between, the whole journey of CONTRACT.md runs against it,
@@ -143,13 +144,16 @@ def stack(request, clone: Path, tmp_path_factory) -> Iterator[tuple[MakeRun, dic
     port = 8000 if port_free(8000) else free_port()
     env = {"PATH": clean_path(), "HOME": os.environ.get("HOME", "/root")}
     env["PORT"] = str(port)
-    database = None
+    database = vhost = None
     if request.param == "services":
         database = service_database()
         env["DATABASE_URL"] = f"postgres://postgres@127.0.0.1:5432/{database}"
         env["REDIS_URL"] = "redis://127.0.0.1:6379/9"
-        env["CELERY_BROKER_URL"] = "redis://127.0.0.1:6379/10"
-        flush_redis(9, 10)
+        # The broker is the machine's RabbitMQ, on a vhost of this run's own (the
+        # compose stack and the chaos runs use a Redis broker).
+        vhost = rabbitmq_vhost()
+        env["CELERY_BROKER_URL"] = f"amqp://guest:guest@127.0.0.1:5672/{vhost}"
+        flush_redis(9)
     else:
         shutil.rmtree(clone / ".var", ignore_errors=True)
     logs = tmp_path_factory.mktemp(f"make-run-{request.param}")
@@ -161,7 +165,22 @@ def stack(request, clone: Path, tmp_path_factory) -> Iterator[tuple[MakeRun, dic
         run.kill()
         if database:
             drop_database(database)
-            flush_redis(9, 10)
+            flush_redis(9)
+        if vhost:
+            rabbitmqctl("delete_vhost", vhost)
+
+
+def rabbitmqctl(*args: str) -> None:
+    subprocess.run(
+        ["rabbitmqctl", "--quiet", *args], check=True, capture_output=True, timeout=60
+    )
+
+
+def rabbitmq_vhost() -> str:
+    name = f"ledger-make-run-{uuid.uuid4().hex[:8]}"
+    rabbitmqctl("add_vhost", name)
+    rabbitmqctl("set_permissions", "-p", name, "guest", ".*", ".*", ".*")
+    return name
 
 
 def port_free(port: int) -> bool:
