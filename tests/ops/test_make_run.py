@@ -2,10 +2,11 @@
 
 The stack runs from a `git clone` of this checkout with only PATH, HOME and PORT set
 (and, in the second run, the services' variables: PostgreSQL, Redis, RabbitMQ), so it
-installs its own `.venv/` and uses exactly the processes of the Procfile. Ctrl-C is typed on a pseudo-terminal
-as a person would: the run must stop every process warmly, print no ERROR line and
-let make exit 0. In between, the whole journey of CONTRACT.md runs against it,
-provider payment confirmed on the pay page included, and so do the README's examples.
+installs its own `.venv/` and uses exactly the processes of the Procfile. Ctrl-C is
+typed on a pseudo-terminal as a person would: the run must stop every process warmly,
+print no ERROR line and let make exit 0. In between, the whole journey of CONTRACT.md
+runs against it, provider payment confirmed on the pay page included, and so do the
+README's examples.
 """
 
 import contextlib
