@@ -27,6 +27,7 @@ from typing import Any, cast
 
 from django.db import connection, transaction
 from django.db.models import DateTimeField, Expression, Field, Model, QuerySet
+from django.db.models.functions import Now
 from django.utils import timezone
 
 
@@ -89,11 +90,20 @@ def insert_unless_exists(
 
     True (and `instance.pk` set) if the row is ours; False if one was there first.
     Field defaults and `auto_now_add` apply as in `save()`. Each column named in
-    `clock` is set to the database's clock plus its offset instead (`DatabaseNow`),
-    and the instance gets the values the database chose.
+    `clock`, and each whose default is the database's clock (`db_default=Now()`), is
+    set to the database's clock plus its offset instead (`DatabaseNow`), and the
+    instance gets the values the database chose.
     """
     model = type(instance)
-    clock = clock or {}
+    # A column stamped by the database (`db_default=Now()`) is its clock too.
+    clock = {
+        **{
+            f.attname: timedelta(0)
+            for f in _columns(model)
+            if isinstance(f.db_default, Now)
+        },
+        **(clock or {}),
+    }
     postgres = connection.vendor == "postgresql"
     if not postgres:  # SQLite: this host's clock is the database's
         now = timezone.now()

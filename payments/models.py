@@ -13,6 +13,7 @@ always together with its hold (one transaction, the hold's status guarded).
 
 from django.db import models
 from django.db.models import Q
+from django.db.models.functions import Now
 from django.utils.translation import gettext_lazy as _
 from django_fsm import ConcurrentTransitionMixin, FSMField, transition
 
@@ -77,7 +78,10 @@ class Payment(ConcurrentTransitionMixin, models.Model):
     authorized_amount = models.BigIntegerField(
         _("authorized amount"), null=True, blank=True
     )
-    created_at = models.DateTimeField(_("created"), auto_now_add=True)
+    # By the database's clock, not this host's: the re-drive of payments stuck
+    # pending compares it with the database's clock (a host whose clock runs fast
+    # would otherwise hide its payments from the re-drive for as long).
+    created_at = models.DateTimeField(_("created"), db_default=Now())
     updated_at = models.DateTimeField(_("updated"), auto_now=True)
     succeeded_at = models.DateTimeField(_("succeeded"), null=True, blank=True)
     # A provider payment: the provider's transaction id and the page the payer
@@ -163,7 +167,7 @@ class Refund(models.Model):
         on_delete=models.PROTECT,
         related_name="refund",
     )
-    created_at = models.DateTimeField(_("created"), auto_now_add=True)
+    created_at = models.DateTimeField(_("created"), db_default=Now())
 
     class Meta:
         verbose_name = _("refund")
@@ -212,7 +216,8 @@ class ProviderEvent(models.Model):
     # why the last one failed.
     attempts = models.PositiveIntegerField(_("failed attempts"), default=0)
     last_error = models.TextField(_("last error"), blank=True)
-    received_at = models.DateTimeField(_("received"), auto_now_add=True)
+    # By the database's clock, as `Payment.created_at` (the inbox re-drive).
+    received_at = models.DateTimeField(_("received"), db_default=Now())
     processed_at = models.DateTimeField(_("processed"), null=True, blank=True)
     parked_at = models.DateTimeField(_("parked"), null=True, blank=True)
 
@@ -265,7 +270,7 @@ class Shipment(models.Model):
     status = models.CharField(
         _("status"), max_length=16, choices=Status.choices, default=Status.PENDING
     )
-    created_at = models.DateTimeField(_("created"), auto_now_add=True)
+    created_at = models.DateTimeField(_("created"), db_default=Now())
     dispatched_at = models.DateTimeField(_("dispatched"), null=True, blank=True)
 
     class Meta:

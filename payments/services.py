@@ -18,7 +18,7 @@ from django.db.models import QuerySet
 from django.utils import timezone
 
 from idempotency.engine import Phases
-from idempotency.sql import insert_unless_exists
+from idempotency.sql import DatabaseNow, insert_unless_exists
 from ledger.exceptions import HoldNotActive
 from ledger.models import JournalEntry
 from ledger.services import (
@@ -811,8 +811,9 @@ def payment_redrive(*, payment_id: int) -> Payment:
 
 
 def payments_stuck(*, older_than_seconds: int, limit: int = 100) -> list[int]:
-    """Ids of provider payments pending longer than `older_than_seconds`."""
-    cutoff = timezone.now() - timedelta(seconds=older_than_seconds)
+    """Ids of provider payments pending longer than `older_than_seconds` (by the
+    database's clock, which also stamped them)."""
+    cutoff = DatabaseNow(plus=-timedelta(seconds=older_than_seconds))
     return list(
         Payment.objects.filter(
             method=Payment.Method.PROVIDER,
@@ -827,7 +828,7 @@ def payments_stuck(*, older_than_seconds: int, limit: int = 100) -> list[int]:
 def inbox_stuck(*, older_than_seconds: int, limit: int = 500) -> tuple[list, list]:
     """(provider event ids, shipment ids) still waiting `older_than_seconds` after
     they were stored: their task was lost (a broker outage) or is failing."""
-    cutoff = timezone.now() - timedelta(seconds=older_than_seconds)
+    cutoff = DatabaseNow(plus=-timedelta(seconds=older_than_seconds))
     events = ProviderEvent.objects.filter(
         status=ProviderEvent.Status.RECEIVED, received_at__lt=cutoff
     ).order_by("pk")
