@@ -335,6 +335,10 @@ PROVIDER_RETRY_SCALE = float(env("PROVIDER_RETRY_SCALE", "1"))
 PROVIDER_DEDUPE_WINDOW_SECONDS = env_int("PROVIDER_DEDUPE_WINDOW_SECONDS", 86400)
 PROVIDER_DELIVER_TWICE = env_bool("PROVIDER_DELIVER_TWICE", False)
 
+CELERY_BEAT_SCHEDULE["provider-redeliver-lost"] = {
+    "task": "payments.provider.tasks.redeliver_lost_notifications",
+    "schedule": 60.0,
+}
 CELERY_BEAT_SCHEDULE["payments-purge-expired-nonces"] = {
     "task": "payments.tasks.purge_expired_nonces",
     "schedule": 600.0,

@@ -159,3 +159,17 @@ def notification_deliver(*, notification_id: int) -> bool:
         delivered_at=timezone.now() if status == 200 else None,
     )
     return status == 200
+
+
+def notifications_lost(*, older_than_seconds: float, limit: int = 500) -> list[int]:
+    """Notifications whose delivery was never tried `older_than_seconds` after they
+    were created: their task was lost (the broker was down when the charge settled).
+    A chain of retries that has begun owns its notification, so only these count."""
+    cutoff = timezone.now() - timedelta(seconds=older_than_seconds)
+    return list(
+        Notification.objects.filter(
+            delivered_at__isnull=True, attempts=0, created_at__lt=cutoff
+        )
+        .order_by("pk")
+        .values_list("pk", flat=True)[:limit]
+    )
