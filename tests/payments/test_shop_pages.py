@@ -190,6 +190,8 @@ def test_refund_pressed_in_two_browsers_at_once_refunds_once(on_postgres, same_f
         {"token": "bad token with spaces!!", "payment": "1"},
         {"token": "a-good-token-000001", "payment": "abc"},
         {"token": "a-good-token-000001", "payment": "-1"},
+        # A digit to str.isdigit, not to int(): once a 500.
+        {"token": "a-good-token-000001", "payment": "\u00b2"},
     ],
 )
 def test_a_mangled_refund_form_refunds_nothing(client, shopper, form):
