@@ -78,9 +78,11 @@ class NewestFirst(CheckedCursor):
     page_size_query_param = "page_size"
 
     def position_ok(self, position: str) -> bool:
-        # A row id: a 64-bit integer.
+        # A row id: a 64-bit integer (length first: int() of 4301 digits raises).
         digits = position.removeprefix("-")
-        return digits.isascii() and digits.isdigit() and int(digits) < 2**63
+        if not (0 < len(digits) < 20 and digits.isascii() and digits.isdigit()):
+            return False
+        return int(digits) < 2**63
 
 
 class AccountEntriesApi(APIView):
