@@ -35,7 +35,7 @@ def preferred_wait(prefer: str | None) -> int:
         name, _, value = preference.strip().partition("=")
         if name.strip().lower() == "wait":
             value = value.strip().strip('"')
-            if value.isdigit() and int(value) > 0:
+            if value.isascii() and value.isdigit() and int(value) > 0:
                 return min(int(value), 10)
             return 0
     return 0

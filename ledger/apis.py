@@ -8,8 +8,9 @@ from drf_spectacular.utils import (
     inline_serializer,
 )
 from rest_framework import serializers, status
+from rest_framework.exceptions import NotFound
 from rest_framework.fields import Field
-from rest_framework.pagination import CursorPagination
+from rest_framework.pagination import Cursor, CursorPagination
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -59,11 +60,33 @@ class AccountMeApi(APIView):
         return Response(self.OutputSerializer(wallet).data)
 
 
-class NewestFirst(CursorPagination):
+class CheckedCursor(CursorPagination):
+    """A cursor pagination that refuses a forged position (a cursor is only base64:
+    anyone can write one) as an invalid cursor (404) before it reaches the query."""
+
+    def position_ok(self, position: str) -> bool:
+        return "\x00" not in position
+
+    def decode_cursor(self, request: Request) -> Cursor | None:
+        cursor = super().decode_cursor(request)
+        position = cursor.position if cursor is not None else None
+        if position is not None and not self.position_ok(str(position)):
+            raise NotFound(self.invalid_cursor_message)
+        return cursor
+
+
+class NewestFirst(CheckedCursor):
     ordering = "-id"
     page_size = 50
     max_page_size = 200
     page_size_query_param = "page_size"
+
+    def position_ok(self, position: str) -> bool:
+        # A row id: a 64-bit integer (length first: int() of 4301 digits raises).
+        digits = position.removeprefix("-")
+        if not (0 < len(digits) < 20 and digits.isascii() and digits.isdigit()):
+            return False
+        return int(digits) < 2**63
 
 
 class AccountEntriesApi(APIView):

@@ -4,13 +4,12 @@ from django.conf import settings
 from django.urls import reverse
 from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serializer
 from rest_framework import serializers, status
-from rest_framework.pagination import CursorPagination
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from idempotency.decorators import idempotent
-from ledger.apis import NewestFirst
+from ledger.apis import CheckedCursor, NewestFirst
 from ledger.auth import authenticated
 
 from .fields import (
@@ -224,7 +223,7 @@ class OrderCancelApi(APIView):
         return order_response(order_cancel(order_id=order.pk))
 
 
-class Catalogue(CursorPagination):
+class Catalogue(CheckedCursor):
     ordering = "sku"  # unique and never changed: a stable cursor
     page_size = 50
     max_page_size = 200

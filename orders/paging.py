@@ -32,7 +32,7 @@ class Page:
 
 def _cursor(value: str | None) -> int | None:
     """A row id from the query string; anything else names no page (the first)."""
-    if value is None or not value.isdigit() or len(value) > 19:
+    if value is None or not value.isascii() or not value.isdigit() or len(value) > 19:
         return None
     number = int(value)
     return number if 0 < number < 2**63 else None

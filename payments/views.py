@@ -163,7 +163,11 @@ def order_refund(request: HttpRequest, merchant_order_no: str) -> HttpResponse:
     order = order_get(owner=authenticated(request), merchant_order_no=merchant_order_no)
     token = request.POST.get("token", "")
     payment_id = request.POST.get("payment", "")
-    if not FORM_TOKEN.fullmatch(token) or not payment_id.isdigit():
+    if (
+        not FORM_TOKEN.fullmatch(token)
+        or not payment_id.isascii()
+        or not payment_id.isdigit()
+    ):
         messages.error(request, _("This form was not valid; please try again."))
         return to_order(order.merchant_order_no)
     payment = payment_get(owner=authenticated(request), payment_id=int(payment_id))

@@ -160,3 +160,9 @@ def test_retry_after_is_honoured(tmp_path, status, form):
     gap = http.sent[1] - http.sent[0]  # type: ignore[attr-defined]
     assert gap >= wait - 0.05, gap  # a whole-second date may round down
     assert _retry_after(httpx.Response(429, headers={"Retry-After": "soon"})) is None
+
+
+def test_a_retry_after_of_a_non_ascii_digit_is_no_hint():
+    # "\u00b2" is a digit to str.isdigit, not to float(): it once raised.
+    hostile = httpx.Response(429, headers={"Retry-After": "\u00b2".encode("latin-1")})
+    assert _retry_after(hostile) is None

@@ -127,6 +127,7 @@ def test_a_different_request_under_a_waited_key_is_still_422(store, alice, key):
         ('wait="4"', 4),
         ("wait=0", 0),
         ("wait=1.5", 0),
+        ("wait=\u00b2", 0),  # a digit to str.isdigit, not to int(): once a 500
         ("wait=", 0),
         ("handling=lenient", 0),
         (None, 0),

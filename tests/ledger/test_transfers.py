@@ -335,3 +335,16 @@ def test_one_key_from_10_threads_transfers_once():
     assert Transfer.objects.count() == 1
     assert balance(wallet) == 900
     assert IdempotencyRecord.objects.filter(key=key).count() == 1
+
+
+def test_a_wait_preference_of_a_non_ascii_digit_is_no_preference(alice, bob):
+    # `Prefer: wait=\u00b2` (a latin-1 header may carry it): once a 500.
+    _, client, _ = alice
+    response = client.post(
+        PATH,
+        {"to": "bob", "amount": 100, "currency": "CNY"},
+        format="json",
+        headers={"Idempotency-Key": new_key(), "Prefer": "wait=\u00b2"},
+    )
+    assert response.status_code == 201, response.content
+    assert balance(bob[2]) == 100

@@ -188,6 +188,8 @@ def test_refund_pressed_in_two_browsers_at_once_refunds_once(on_postgres, same_f
         {"token": "bad token with spaces!!", "payment": "1"},
         {"token": "a-good-token-000001", "payment": "abc"},
         {"token": "a-good-token-000001", "payment": "-1"},
+        # A digit to str.isdigit, not to int(): once a 500.
+        {"token": "a-good-token-000001", "payment": "\u00b2"},
     ],
 )
 def test_a_mangled_refund_form_refunds_nothing(client, shopper, form):
@@ -350,6 +352,15 @@ def test_orders_payments_and_entries_come_in_pages(client, shopper):
             assert response.status_code == 200
             items = response.context["page"].items
             assert [o.pk for o in items] == newest_first[:20], (name, junk)
+
+
+@pytest.mark.parametrize("page", ["/orders", "/account", "/account/payments"])
+@pytest.mark.parametrize("query", ["before", "after"])
+def test_a_page_named_by_a_non_ascii_digit_is_the_first(client, shopper, page, query):
+    # "\u00b2" (superscript two) is a digit to str.isdigit, not to int(): once a 500.
+    paid_order(shopper[0])
+    response = client.get(f"{page}?{query}=\u00b2")
+    assert response.status_code == 200
 
 
 def test_a_short_list_has_no_pager(client, shopper):
