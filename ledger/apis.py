@@ -74,6 +74,39 @@ class CheckedCursor(CursorPagination):
             raise NotFound(self.invalid_cursor_message)
         return cursor
 
+    @classmethod
+    def documented(cls, name: str, item: Any, *parameters: Any, **schema: Any) -> Any:
+        """`extend_schema` for a GET answering one page (`next`, `previous`,
+        `results`: `item`s), with the query's own `parameters` before the cursor's."""
+        page = inline_serializer(
+            name,
+            {
+                "next": serializers.URLField(allow_null=True),
+                "previous": serializers.URLField(allow_null=True),
+                "results": item(many=True),
+            },
+        )
+        return extend_schema(
+            parameters=[
+                *parameters,
+                OpenApiParameter("cursor", str, description="From `next`/`previous`."),
+                OpenApiParameter(
+                    "page_size", int, description=f"At most {cls.max_page_size}."
+                ),
+            ],
+            responses={200: page},
+            **schema,
+        )
+
+    @classmethod
+    def respond(
+        cls, rows: Any, request: Request, view: APIView, serializer: Any
+    ) -> Response:
+        """One page of `rows`, each as `serializer` renders it."""
+        paginator = cls()
+        page: Any = paginator.paginate_queryset(rows, request, view=view)
+        return paginator.get_paginated_response(serializer(page, many=True).data)
+
 
 class NewestFirst(CheckedCursor):
     ordering = "-id"
@@ -104,35 +137,14 @@ class AccountEntriesApi(APIView):
         description = serializers.CharField(source="entry.description")
         created_at = serializers.DateTimeField(source="entry.created_at")
 
-    PageSerializer = inline_serializer(
-        "EntriesPage",
-        {
-            "next": serializers.URLField(allow_null=True),
-            "previous": serializers.URLField(allow_null=True),
-            "results": OutputSerializer(many=True),
-        },
-    )
-
-    @extend_schema(
-        parameters=[
-            OpenApiParameter("cursor", str, description="From `next`/`previous`."),
-            OpenApiParameter(
-                "page_size", int, description=f"At most {NewestFirst.max_page_size}."
-            ),
-        ],
-        responses={200: PageSerializer},
-    )
+    @NewestFirst.documented("EntriesPage", OutputSerializer)
     def get(self, request: Request) -> Response:
         wallet = wallet_get_or_create(
             owner_id=authenticated(request).pk,
             currency=settings.LEDGER_DEFAULT_CURRENCY,
         )
-        paginator = NewestFirst()
-        page = paginator.paginate_queryset(
-            account_postings(account=wallet), request, view=self
-        )
-        return paginator.get_paginated_response(
-            self.OutputSerializer(page, many=True).data
+        return NewestFirst.respond(
+            account_postings(account=wallet), request, self, self.OutputSerializer
         )
 
 

@@ -2,7 +2,7 @@ from typing import Any
 
 from django.conf import settings
 from django.urls import reverse
-from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serializer
+from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import serializers, status
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -243,30 +243,9 @@ class ProductListApi(APIView):
         currency = serializers.CharField()
         stock = serializers.IntegerField()
 
-    PageSerializer = inline_serializer(
-        "ProductsPage",
-        {
-            "next": serializers.URLField(allow_null=True),
-            "previous": serializers.URLField(allow_null=True),
-            "results": OutputSerializer(many=True),
-        },
-    )
-
-    @extend_schema(
-        parameters=[
-            OpenApiParameter("cursor", str, description="From `next`/`previous`."),
-            OpenApiParameter(
-                "page_size", int, description=f"At most {Catalogue.max_page_size}."
-            ),
-        ],
-        responses={200: PageSerializer},
-    )
+    @Catalogue.documented("ProductsPage", OutputSerializer)
     def get(self, request: Request) -> Response:
-        paginator = Catalogue()
-        page = paginator.paginate_queryset(product_list(), request, view=self)
-        return paginator.get_paginated_response(
-            self.OutputSerializer(page, many=True).data
-        )
+        return Catalogue.respond(product_list(), request, self, self.OutputSerializer)
 
 
 class OrderListApi(APIView):
@@ -281,30 +260,16 @@ class OrderListApi(APIView):
             choices=[s.name.lower() for s in Order.Status], required=False
         )
 
-    PageSerializer = inline_serializer(
+    @NewestFirst.documented(
         "OrdersPage",
-        {
-            "next": serializers.URLField(allow_null=True),
-            "previous": serializers.URLField(allow_null=True),
-            "results": OrderOutputSerializer(many=True),
-        },
-    )
-
-    @extend_schema(
+        OrderOutputSerializer,
+        OpenApiParameter(
+            "status",
+            str,
+            enum=[s.name.lower() for s in Order.Status],
+            description="Only the orders in this state.",
+        ),
         operation_id="v1_orders_list",
-        parameters=[
-            OpenApiParameter(
-                "status",
-                str,
-                enum=[s.name.lower() for s in Order.Status],
-                description="Only the orders in this state.",
-            ),
-            OpenApiParameter("cursor", str, description="From `next`/`previous`."),
-            OpenApiParameter(
-                "page_size", int, description=f"At most {NewestFirst.max_page_size}."
-            ),
-        ],
-        responses={200: PageSerializer},
     )
     def get(self, request: Request) -> Response:
         filters = self.FilterSerializer(data=request.query_params)
@@ -314,11 +279,7 @@ class OrderListApi(APIView):
             owner=authenticated(request),
             status=Order.Status[name.upper()] if name else None,
         )
-        paginator = NewestFirst()
-        page = paginator.paginate_queryset(orders, request, view=self)
-        return paginator.get_paginated_response(
-            OrderOutputSerializer(page, many=True).data
-        )
+        return NewestFirst.respond(orders, request, self, OrderOutputSerializer)
 
 
 class OrdersApi(OrderListApi, OrderCreateApi):
