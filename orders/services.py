@@ -266,7 +266,7 @@ def order_cancel(*, order_id: int) -> Order:
     with transaction.atomic(savepoint=False):
         order = _order_transition(order_id, "cancel", OrderNotCancellable, _release)
         lines = list(OrderItem.objects.filter(order_id=order.pk).order_by("pk"))
-        _give_back(order.pk, lines)
+        _give_back(lines)
     order._prefetched_objects_cache = {"items": _known_items(order, lines)}  # type: ignore[attr-defined]
     return order
 
@@ -285,20 +285,22 @@ def order_give_back_stock(*, order_id: int) -> int:
     looks at the status (a paid order's stock must never come back, so only the
     cancellations call it).
     """
-    return _give_back(order_id, list(OrderItem.objects.filter(order_id=order_id)))
+    return _give_back(list(OrderItem.objects.filter(order_id=order_id)))
 
 
-def _give_back(order_id: int, lines: list[OrderItem]) -> int:
-    """Each line comes back through a movement whose reference is unique to (order,
-    product, "return"), in product id order: a second call, a retried task or a
-    racing cancellation moves nothing."""
+def _give_back(lines: list[OrderItem]) -> int:
+    """Each line (of one order or of several) comes back through a movement whose
+    reference is unique to (order, product, "return"): a second call, a retried
+    task or a racing cancellation moves nothing. Products are locked in id order
+    across all the lines, as an order takes them, so a sweep of many orders never
+    deadlocks with an order being placed."""
     returned = 0
     with transaction.atomic(savepoint=False):
-        for line in sorted(lines, key=lambda line: line.product_id):
+        for line in sorted(lines, key=lambda line: (line.product_id, line.order_id)):
             returned += stock_move(
                 product_id=line.product_id,
                 quantity=line.quantity,
-                reference=f"order:{order_id}:return:{line.product_id}",
+                reference=f"order:{line.order_id}:return:{line.product_id}",
                 kind=StockMovement.Kind.RETURN,
             )
     return returned
@@ -421,8 +423,7 @@ def order_cancel_expired(*, older_than_seconds: int, batch: int = 500) -> int:
             Order.objects.filter(pk__in=locked).update(
                 status=Order.Status.CANCELLED, updated_at=timezone.now()
             )
-            for order_id in locked:
-                order_give_back_stock(order_id=order_id)
+            _give_back(list(OrderItem.objects.filter(order_id__in=locked)))
         cancelled += len(locked)
 
 

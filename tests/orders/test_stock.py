@@ -5,6 +5,7 @@ import json
 from datetime import timedelta
 from io import StringIO
 
+import psycopg
 import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError
@@ -28,8 +29,15 @@ from orders.services import (
 )
 from payments.services import payment_pay_with_balance, payment_refund
 from payments.tasks import cancel_expired_orders
-from tests.conftest import run_in_threads
-from tests.helpers import assert_problem, customer, new_key
+from tests.conftest import Background, run_in_threads
+from tests.helpers import (
+    assert_problem,
+    blocked_on_lock,
+    customer,
+    new_key,
+    row_locked,
+    wait_for,
+)
 
 pytestmark = pytest.mark.django_db
 
@@ -599,3 +607,36 @@ def test_demo_data_includes_products_with_stock(settings, tmp_path):
     assert len(shown) >= 3 and all(p["stock"] > 0 for p in shown)
     assert Product.objects.count() == len(shown)
     assert ledger_report()["ok"], ledger_report()["violations"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_expiry_sweep_takes_products_in_id_order_across_its_orders(
+    on_postgres, alice, settings
+):
+    """An order being placed locks its products in id order; so does the sweep,
+    across all the orders of its batch, so the two never wait for each other in a
+    circle. Here an order holds LOW (and would want HIGH next) while the sweep's
+    batch has an order of HIGH before an order of LOW: the sweep waits for LOW
+    without having taken HIGH."""
+    user, _, _ = alice
+    low, high = product("LOW", stock=5), product("HIGH", stock=5)
+    first, second = item_order(user, ("HIGH", 1)), item_order(user, ("LOW", 1))
+    Order.objects.filter(pk__in=[first.pk, second.pk]).update(
+        created_at=timezone.now() - timedelta(hours=2)
+    )
+    settings.ORDER_UNPAID_EXPIRY_SECONDS = 3600
+    with row_locked(Product, low.pk):
+        sweep = Background(cancel_expired_orders)
+        sweep.start()
+        wait_for(blocked_on_lock, 30, "the sweep waiting for LOW")
+        db = connection.settings_dict
+        with psycopg.connect(
+            dbname=db["NAME"], user=db["USER"], host=db["HOST"], port=db["PORT"]
+        ) as placing:
+            placing.execute(
+                "SELECT 1 FROM orders_product WHERE id = %s FOR UPDATE NOWAIT",
+                [high.pk],
+            )  # HIGH is free: no circle
+            placing.rollback()
+    assert sweep.outcome() == 2
+    assert (stock_of("LOW"), stock_of("HIGH")) == (5, 5)
