@@ -24,6 +24,7 @@ from .fields import (
     StrictCharField,
     StrictInputSerializer,
     StrictIntegerField,
+    StrictNestedSerializer,
 )
 from .openapi import IDEMPOTENCY_KEY
 from .selectors import account_postings, transfer_get
@@ -148,7 +149,7 @@ class AccountEntriesApi(APIView):
         )
 
 
-class TransferItemSerializer(serializers.Serializer):
+class TransferItemSerializer(StrictNestedSerializer):
     """One transfer asked for. The amount may be any integer here: zero or a
     negative one is the business refusal `invalid_transfer` (422), not a form error."""
 
@@ -161,17 +162,6 @@ class TransferItemSerializer(serializers.Serializer):
     description = StrictCharField(
         required=False, allow_blank=True, max_length=255, default=""
     )
-
-    def to_internal_value(self, data: Any) -> Any:
-        # Unknown fields are refused in a batch's items too (StrictInputSerializer
-        # only sees the top level's).
-        if isinstance(data, dict):
-            unknown = sorted(set(data) - set(self.fields))
-            if unknown:
-                raise serializers.ValidationError(
-                    {name: ["Unknown field."] for name in unknown}
-                )
-        return super().to_internal_value(data)
 
 
 class TransferBatchInputSerializer(StrictInputSerializer):
