@@ -58,7 +58,8 @@ def _token_credential(request: Request) -> str:
 
 def describe(request: Request, endpoint: str, default: str = "required") -> Call | None:
     """Read and validate the key; None when the endpoint may run without one."""
-    key = request.headers.get(HEADER)
+    http = request._request  # (DRF's Request relays each attribute read to it)
+    key = http.headers.get(HEADER)
     mode = settings.IDEMPOTENCY_ENDPOINTS.get(endpoint, default)
     if mode == "off" or (key is None and mode == "optional"):
         return None
@@ -68,13 +69,14 @@ def describe(request: Request, endpoint: str, default: str = "required") -> Call
     if not key_is_valid(key):
         metrics.count("invalid")
         raise IdempotencyKeyInvalid()
-    digest, fields = fingerprint(request.method or "", request.path, request.body)
+    method, path = http.method or "", http.path
+    digest, fields = fingerprint(method, path, http.body)
     return Call(
         scope=f"user:{request.user.pk}",
         key=key,
         endpoint=endpoint,
-        method=request.method or "",
-        path=request.path,
+        method=method,
+        path=path,
         fingerprint=digest,
         fields=fields,
         credential=_token_credential(request),

@@ -114,8 +114,11 @@ class FastPath:
     token: str = ""
     lock_key: str = ""
     response_key: str = ""
+    done_channel: str = ""
     scope: str = ""
     key: str = ""
+    # The caller was found by its credential (`begin_for_credential`): Redis knows it.
+    known_caller: bool = False
 
     def belongs_to(self, scope: str, key: str) -> bool:
         return self.available and (self.scope, self.key) == (scope, key)
@@ -157,12 +160,13 @@ def _names(scope: str, key: str) -> tuple[str, str, str]:
 
 def _outcome(scope: str, key: str, token: str, reply: Any) -> FastPath:
     """A begin script's answer, {1, cached} | {2} | {3}, for the key in `scope`."""
-    lock_key, response_key, _ = _names(scope, key)
+    lock_key, response_key, done_channel = _names(scope, key)
     fast = FastPath(
         available=True,
         token=token,
         lock_key=lock_key,
         response_key=response_key,
+        done_channel=done_channel,
         scope=scope,
         key=key,
     )
@@ -237,7 +241,9 @@ def begin_for_credential(credential: str, key: str, lease_ms: int) -> FastPath |
         return None
     if reply[0] == 0:
         return None
-    return _outcome(reply[-1].decode(), key, token, reply)
+    fast = _outcome(reply[-1].decode(), key, token, reply)
+    fast.known_caller = True
+    return fast
 
 
 def finish(
@@ -252,12 +258,15 @@ def finish(
 
     A finished response also maps the caller's credential to its scope, which is how
     `begin_for_credential` knows the caller next time (on a cluster, in a second
-    round trip: the credential's key lives in another hash slot).
+    round trip: the credential's key lives in another hash slot). Not when it was
+    `begin_for_credential` that found the caller: the entry is there, and lives out
+    its `CREDENTIAL_MS` from when it was written (then one request of the caller's
+    makes its own begin, and its finish writes the entry again).
     """
     if not fast.available or not (fast.locked or stored):
         return
     payload = stored.dumps() if stored else ""
-    remember = bool(stored and credential)
+    remember = bool(stored and credential and not fast.known_caller)
     fast.locked = False
     # On a Redis error the lock expires by itself; the database holds the response.
     with contextlib.suppress(redis_lib.RedisError):
@@ -265,9 +274,8 @@ def finish(
         if client is None:
             return
         scripts, cluster = _scripts(client), is_cluster()
-        _, _, done = _names(fast.scope, fast.key)
         keys = [fast.lock_key, fast.response_key]
-        args: list[Any] = [fast.token, payload, cache_ms, done]
+        args: list[Any] = [fast.token, payload, cache_ms, fast.done_channel]
         remembered: list[Any] = [scope, CREDENTIAL_MS, REVOKED]
         if remember and not cluster:
             keys, args = [*keys, _credential_key(credential)], [*args, *remembered]

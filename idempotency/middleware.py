@@ -8,10 +8,11 @@ path's begin in one Redis round trip instead (`fastpath.begin_for_credential`; t
 Redis Cluster, where the caller's scope is read before the key's lock and cache):
 
 * only for a mutating request with an `Idempotency-Key` and an API token;
-* the token's digest maps to the caller's scope (written by the engine when one of the
-  caller's requests finished, kept for `fastpath.CREDENTIAL_MS`, and replaced by a
-  "revoked" mark the moment the token is revoked: `idempotency/signals.py`), so nobody
-  but the key's owner can be answered, and an unknown or revoked token never is;
+* the token's digest maps to the caller's scope (written by the engine when a request
+  of a caller Redis did not know finished, kept for `fastpath.CREDENTIAL_MS`, and
+  replaced by a "revoked" mark the moment the token is revoked:
+  `idempotency/signals.py`), so nobody but the key's owner can be answered, and an
+  unknown or revoked token never is;
 * a cached response is replayed only when the fingerprint (method, path, canonical
   body) matches the stored one;
 * otherwise the lock the same round trip took is handed to the engine on the request

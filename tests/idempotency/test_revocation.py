@@ -87,3 +87,23 @@ def test_a_request_in_flight_when_its_token_is_revoked_does_not_bring_it_back(
     assert slow.status_code == 201, slow.content
     assert_refused(alice.post(DEPOSITS, {"amount": 5, "sleep": 1.5}, key))
     assert_refused(alice.post(DEPOSITS, {"amount": 5}, f"{key}-earlier"))
+
+
+@pytest.mark.django_db
+def test_a_known_caller_s_finish_does_not_write_its_entry_again(alice, key):
+    from idempotency import fastpath
+    from idempotency.redis import get_redis
+
+    redis = get_redis()
+    entry = fastpath._credential_key(fastpath.credential_digest(f"Token {alice.token}"))
+    redis.delete(entry)
+    assert alice.post(DEPOSITS, {"amount": 5}, f"{key}-1").status_code == 201
+    assert redis.pttl(entry) > fastpath.CREDENTIAL_MS - 10_000  # learnt at the finish
+    redis.pexpire(entry, 5_000)
+    # Found by its credential: the finish saves the round trip's work of rewriting
+    # the entry, which lives out its time from when it was written.
+    assert alice.post(DEPOSITS, {"amount": 5}, f"{key}-2").status_code == 201
+    assert 0 < redis.pttl(entry) <= 5_000
+    redis.delete(entry)  # expired: the next request begins on its own and teaches it
+    assert alice.post(DEPOSITS, {"amount": 5}, f"{key}-3").status_code == 201
+    assert redis.pttl(entry) > fastpath.CREDENTIAL_MS - 10_000
