@@ -12,11 +12,19 @@ from .sql import DatabaseNow, delete_in_batches
 logger = logging.getLogger(__name__)
 
 
-def record_purge_expired(*, batch_size: int = 1000, max_seconds: float = 30.0) -> int:
+def record_purge_expired(
+    *, batch_size: int = 500, max_seconds: float = 30.0, rest: float = 3.0
+) -> int:
     """Delete expired key records in small batches (see `delete_in_batches`); records
-    still processing are `record_release_stuck`'s (see `IdempotencyRecord.expired`)."""
+    still processing are `record_release_stuck`'s (see `IdempotencyRecord.expired`).
+
+    The key table is the one every idempotent request writes to, so the purge keeps
+    out of their way: small batches, each followed by a rest three times as long,
+    which holds the writers' p99 while it runs near what it is without it."""
     expired = IdempotencyRecord.objects.expired()
-    return delete_in_batches(expired, batch_size=batch_size, max_seconds=max_seconds)
+    return delete_in_batches(
+        expired, batch_size=batch_size, max_seconds=max_seconds, rest=rest
+    )
 
 
 def record_release_stuck(*, grace_seconds: int = 60) -> int:

@@ -3,6 +3,8 @@ from io import StringIO
 
 import pytest
 from django.core.management import call_command
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from idempotency.models import IdempotencyRecord
@@ -81,3 +83,20 @@ def test_release_stuck_frees_only_keys_with_nothing_committed():
     out = StringIO()
     call_command("release_stuck_idempotency_keys", stdout=out)
     assert "released 0" in out.getvalue()
+
+
+def test_purge_walks_the_key_upwards_and_rests_between_batches(monkeypatch):
+    make(5, expired=True)
+    rests: list[float] = []
+    monkeypatch.setattr("idempotency.sql.time.sleep", rests.append)
+    with CaptureQueriesContext(connection) as captured:
+        assert record_purge_expired(batch_size=2) == 5
+    picks = [q["sql"] for q in captured if q["sql"].startswith("SELECT")]
+    # Each batch after the first starts above the last one's highest id, so it never
+    # walks again over the dead index entries its predecessors left.
+    assert len(picks) == 3
+    assert '"id" >' not in picks[0]
+    assert all('"id" >' in sql for sql in picks[1:])
+    # A rest after each full batch (as long as the batch took), none after the last.
+    assert len(rests) == 2
+    assert all(0 <= rest <= 1.0 for rest in rests)

@@ -4,12 +4,22 @@ from idempotency.services import record_purge_expired
 
 
 class Command(BaseCommand):
-    help = "Delete expired idempotency key records in batches (what beat runs hourly)."
+    help = (
+        "Delete expired idempotency key records in batches, resting between them "
+        "(what beat runs every five minutes)."
+    )
 
     def add_arguments(self, parser) -> None:
-        parser.add_argument("--batch-size", type=int, default=1000)
+        parser.add_argument("--batch-size", type=int, default=500)
         parser.add_argument("--max-seconds", type=float, default=300.0)
+        parser.add_argument(
+            "--rest", type=float, default=3.0, help="rest per second of work"
+        )
 
-    def handle(self, *args, batch_size: int, max_seconds: float, **options) -> None:
-        deleted = record_purge_expired(batch_size=batch_size, max_seconds=max_seconds)
+    def handle(
+        self, *args, batch_size: int, max_seconds: float, rest: float, **options
+    ) -> None:
+        deleted = record_purge_expired(
+            batch_size=batch_size, max_seconds=max_seconds, rest=rest
+        )
         self.stdout.write(f"deleted {deleted} expired key record(s)")
