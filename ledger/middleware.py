@@ -16,10 +16,13 @@ import re
 import time
 import uuid
 from collections.abc import Callable
+from functools import lru_cache
 from typing import Any
 
 from django.conf import settings
 from django.core.handlers.wsgi import LimitedStream
+from django.core.signals import setting_changed
+from django.dispatch import receiver
 from django.http import Http404, HttpRequest, HttpResponse
 from django.urls import Resolver404, resolve
 
@@ -43,11 +46,26 @@ def route_of(request: HttpRequest) -> str:
     """The URL's name (or pattern): bounded cardinality, unlike the raw path."""
     match = request.resolver_match
     if match is None:  # answered before URL resolution (e.g. a replay) or a 404
-        try:
-            match = resolve(request.path_info, getattr(request, "urlconf", None))
-        except Resolver404:
-            return "unmatched"
+        return _route_of_path(request.path_info, getattr(request, "urlconf", None))
     return match.url_name or match.route or match.view_name
+
+
+@lru_cache(maxsize=4096)
+def _route_of_path(path: str, urlconf: str | None) -> str:
+    """A path's route, for a request answered before URL resolution: a replay (whose
+    retries repeat the path, so the last few thousand paths are remembered) or a 404.
+    """
+    try:
+        match = resolve(path, urlconf)
+    except Resolver404:
+        return "unmatched"
+    return match.url_name or match.route or match.view_name
+
+
+@receiver(setting_changed)
+def _forget_routes(*, setting: str, **kwargs: Any) -> None:
+    if setting == "ROOT_URLCONF":  # (as Django forgets its own URL caches)
+        _route_of_path.cache_clear()
 
 
 def user_id_of(request: HttpRequest) -> int | None:
