@@ -63,12 +63,15 @@ from idempotency.engine import REPLAY_HEADER, Status
 from idempotency.models import IdempotencyRecord
 from idempotency.redis import get_redis
 from ledger.auth import authenticated
+from orders.apis import PreOrderCreateApi
 from orders.services import preorder_create
 
 
 def _issue(request: Request) -> Response:
+    """The pre-order endpoint's own work and answer (`PreOrderCreateApi.post` without
+    the layer), so that every design measured around it runs the same view."""
     preorder = preorder_create(owner=authenticated(request))
-    return Response({"merchant_order_no": preorder.merchant_order_no}, status=201)
+    return Response(PreOrderCreateApi.OutputSerializer(preorder).data, status=201)
 
 
 class NaivePreorderApi(APIView):

@@ -69,13 +69,13 @@ PURGE_TASK = "idempotency.tasks.purge_expired_keys"
 PREORDERS, ORDERS = "/api/v1/preorders", "/api/v1/orders"
 PEERS = {  # the pre-order endpoint behind each design on the main server
     "ours": PREORDERS,
-    "naive": "/bench/naive/preorders",
-    "floor": "/bench/floor/preorders",
-    "powertools": "/bench/powertools/preorders",
+    "naive": "/api/v1/bench/naive/preorders",
+    "floor": "/api/v1/bench/floor/preorders",
+    "powertools": "/api/v1/bench/powertools/preorders",
 }
-PACKAGE = "/bench/package/preorders"
+PACKAGE = "/api/v1/bench/package/preorders"
 # Powertools' records on this path expire after POWERTOOLS_CRASH_EXPIRY_SECONDS.
-POWERTOOLS_CRASH = "/bench/powertools-expiring/preorders"
+POWERTOOLS_CRASH = "/api/v1/bench/powertools-expiring/preorders"
 LEASE_SECONDS = 3  # ours: how long a crashed request's Redis lock holds its key
 POWERTOOLS_CRASH_EXPIRY_SECONDS = 2  # (contenders.py; this process has no Django)
 PAYERS = 32  # funded wallets, and merchants for the spread

@@ -1,7 +1,7 @@
 """What the benchmark server adds to the project (bench/settings.py), and only there.
 
 * `ReplayMiddlewareOutsideBench`: the project's replay middleware, except on the
-  contenders' paths (`/bench/...`). There it would make a Redis round trip or two
+  contenders' paths (`/api/v1/bench/...`). There it would make a Redis round trip or two
   (look the caller up, take and release a lock nobody adopts) on every keyed request,
   and charge ours to the contender.
 * `BenchMiddleware`, two request headers the benchmark sends:
@@ -29,7 +29,7 @@ import payments.services
 from idempotency.middleware import ReplayMiddleware
 from ledger.models import Account
 
-CONTENDERS = "/bench/"
+CONTENDERS = "/api/v1/bench/"
 MERCHANT_HEADER = "X-Bench-Merchant"
 CRASH_HEADER = "X-Bench-Crash"
 
