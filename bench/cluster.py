@@ -104,6 +104,13 @@ class ClusterStack(Stack):
             f"mount -t tmpfs tmpfs {self.data_dir}",
             f"mkdir -p {self.data_dir}/metrics",
             f"export PROMETHEUS_MULTIPROC_DIR={self.data_dir}/metrics",
+            # A machine boots with an empty /run. The runner reads gunicorn's pid
+            # file from outside the host, so it lives in the work directory and
+            # outlives a power cut; left there, it would name the killed master,
+            # which lingers as a zombie until init reaps it, and the new gunicorn
+            # would refuse to start ("Already running"), leaving the host without
+            # a web server for the rest of the run.
+            f"rm -f {pids}.gunicorn.pid",
             "set +e",
             f"{BIN}/gunicorn ledger.wsgi --bind 127.0.0.1:{self.host_ports[n]}"
             f" --workers {self.web_workers} --timeout 60 --graceful-timeout 1"
