@@ -73,11 +73,18 @@ class AgentTransport(httpx.HTTPTransport):
             response = super().handle_request(request)
             response.read()
         except httpx.TransportError:
-            emit(ev="req", step=self.current.step, status=0, ms=_ms(started))
+            emit(
+                ev="req",
+                intent=self.current.intent,
+                step=self.current.step,
+                status=0,
+                ms=_ms(started),
+            )
             raise
         replayed = response.headers.get("Idempotent-Replayed") == "true"
         emit(
             ev="req",
+            intent=self.current.intent,
             step=self.current.step,
             status=response.status_code,
             ms=_ms(started),

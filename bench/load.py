@@ -249,6 +249,11 @@ class Load:
                     event.get("replayed", False),
                 )
             )
+            if event.get("intent"):
+                self.intents.setdefault(
+                    event["intent"],
+                    Intent(name=event["intent"], customer=agent.customer["username"]),
+                ).attempts[f"{event['step']} {event['status']}"] += 1
             return
         if kind == "exit":
             return

@@ -34,6 +34,9 @@ class Intent:
     # the pay answer that reached an agent just before it was SIGKILLed
     replied_before_kill: tuple[int, str] | None = None
     done: bool = False
+    # "step status" -> how many attempts got it (0: no reply), final or not: what a
+    # violation report shows of an intent that never got its final answer
+    attempts: Counter[str] = field(default_factory=Counter)
 
 
 def pay_status(intent: Intent) -> int | None:
@@ -210,7 +213,11 @@ def judge(
         status = pay_status(intent)
         if not orders or status is None:
             lost += 1
-            violations.append(f"{intent.name}: no final answer (order: {bool(orders)})")
+            seen = ", ".join(f"{k} x{n}" for k, n in sorted(intent.attempts.items()))
+            violations.append(
+                f"{intent.name}: no final answer (order: {bool(orders)}; "
+                f"attempts: {seen or 'none'})"
+            )
             continue
         order_id, _, order_status, amount, customer = orders[0]
         debits = references[f"payment:{order_id}"] + sum(
