@@ -10,9 +10,12 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from ledger.exceptions import DomainError
+from payments.services import enqueue_on_commit
 from payments.signatures import sign
 
 from .models import Charge, Notification
+
+DELIVER_NOTIFICATION = "payments.provider.tasks.notification_deliver_task"
 
 
 class ChargeConflict(DomainError):
@@ -94,8 +97,6 @@ def charge_settle(*, txn_id: str, outcome: str) -> Charge:
     Only a pending charge moves (a conditional update); the move creates the one
     notification the merchant is owed and enqueues its delivery after commit.
     """
-    from .tasks import notification_deliver_task
-
     if outcome not in (Charge.Status.SUCCESS, Charge.Status.FAILED):
         raise ValueError(outcome)
     with transaction.atomic(savepoint=False):
@@ -108,7 +109,10 @@ def charge_settle(*, txn_id: str, outcome: str) -> Charge:
             note = Notification.objects.create(
                 charge=charge, event_id=f"{txn_id}-{attempt}-{outcome}"
             )
-            transaction.on_commit(lambda: notification_deliver_task.delay(note.pk))
+            # After commit; a broker that is down is logged, not raised (the payer's
+            # confirmation has committed): beat sends a delivery whose task was lost
+            # (`redeliver_lost_notifications`).
+            enqueue_on_commit(DELIVER_NOTIFICATION, note.pk)
     return charge
 
 

@@ -7,6 +7,7 @@ created (`redeliver_lost_notifications`); here a live server takes the callback 
 stores it, once.
 """
 
+import re
 from datetime import timedelta
 
 import pytest
@@ -19,6 +20,7 @@ from payments.provider.services import notifications_lost
 from payments.provider.tasks import redeliver_lost_notifications
 from tests.factories import ChargeFactory, NotificationFactory
 from tests.helpers import pending_provider_payment, place_order
+from tests.workers import point_producer_at
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -64,3 +66,36 @@ def test_beat_delivers_a_lost_notification_once(user, settings, live_server, eag
     # The merchant has it: stored in its inbox, to be processed like any callback.
     assert ProviderEvent.objects.filter(event_id=note.event_id).count() == 1
     assert redeliver_lost_notifications.apply().get() == 0
+
+
+def test_a_confirmation_while_the_broker_is_down_is_no_error_page(user, client):
+    payment = pending_provider_payment(place_order(user))
+    charge = ChargeFactory.create(
+        merchant_order_no=payment.order.merchant_order_no,
+        txn_id=payment.provider_txn_id,
+        amount=payment.amount,
+    )
+    url = f"/provider/pay/{charge.txn_id}"
+    token = re.search(
+        r'name="csrfmiddlewaretoken" value="([^"]+)"', client.get(url).text
+    )
+    assert token
+    before = app.conf.broker_url
+    point_producer_at("redis://127.0.0.1:1/0")  # nobody listens there
+    try:
+        confirmed = client.post(
+            url, {"csrfmiddlewaretoken": token[1], "action": "confirm"}
+        )
+    finally:
+        point_producer_at(before)
+    # The payer sees the confirmation that committed, not an error page; the
+    # delivery whose task could not be sent is beat's to send.
+    assert confirmed.status_code == 303
+    charge.refresh_from_db()
+    assert charge.status == Charge.Status.SUCCESS
+    note = Notification.objects.get(charge=charge)
+    assert note.attempts == 0 and note.delivered_at is None
+    Notification.objects.filter(pk=note.pk).update(
+        created_at=timezone.now() - timedelta(minutes=5)
+    )
+    assert notifications_lost(older_than_seconds=60) == [note.pk]
