@@ -3,7 +3,7 @@ from io import StringIO
 
 import pytest
 from django.core.management import call_command
-from django.db import connection
+from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
@@ -100,3 +100,23 @@ def test_purge_walks_the_key_upwards_and_rests_between_batches(monkeypatch):
     # A rest after each full batch (as long as the batch took), none after the last.
     assert len(rests) == 2
     assert all(0 <= rest <= 1.0 for rest in rests)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_purge_batch_commits_asynchronously_and_only_itself(monkeypatch):
+    if connection.vendor != "postgresql":
+        pytest.skip("synchronous_commit is PostgreSQL's")
+    make(3, expired=True)
+    monkeypatch.setattr("idempotency.sql.time.sleep", lambda seconds: None)
+    with CaptureQueriesContext(connection) as captured:
+        assert record_purge_expired(batch_size=2) == 3
+    sets = [q["sql"] for q in captured if q["sql"].startswith("SET LOCAL")]
+    assert sets == ["SET LOCAL synchronous_commit = off"] * 2  # one per batch
+    with connection.cursor() as cursor:  # the session itself commits as before
+        cursor.execute("SHOW synchronous_commit")
+        assert cursor.fetchone()[0] == "on"
+    # Inside a caller's transaction, the caller's writes keep their durable commit.
+    make(1, expired=True, tag="inside")
+    with transaction.atomic(), CaptureQueriesContext(connection) as captured:
+        assert record_purge_expired() == 1
+    assert not [q for q in captured if q["sql"].startswith("SET")]
