@@ -231,7 +231,9 @@ def begin_for_credential(credential: str, key: str, lease_ms: int) -> FastPath |
             scope: Any = client.get(_credential_key(credential))
             if scope is None or scope == REVOKED.encode():
                 return None
-            return _begin(client, scope.decode(), key, lease_ms)
+            fast = _begin(client, scope.decode(), key, lease_ms)
+            fast.known_caller = True
+            return fast
         token = secrets.token_hex(8)
         reply: Any = _scripts(client).begin_for_credential(
             keys=[_credential_key(credential)],
