@@ -143,18 +143,23 @@ def delete_in_batches(
     was picked). Batches walk the primary key upwards, each starting after the last
     one's highest key, so none scans again the dead rows its predecessors left in the
     index (until vacuum clears them, each would cost more than the one before). After
-    each batch it rests `rest` times as long as the batch took: the writers sharing
-    the table, its WAL and the cores get them back (0: no rest). It stops after
-    `max_seconds`; the next run carries on (from the lowest key again, so rows that
-    expired behind the walk go too).
+    each batch it rests `rest` times as long as the batch took, a second at most:
+    the writers sharing the table, its WAL and the cores get them back (0: no rest).
+    It stops after `max_seconds`; the next run carries on (from the lowest key again,
+    so rows that expired behind the walk go too).
 
     On PostgreSQL a batch commits without waiting for its WAL to reach the disk
     (`synchronous_commit = off`, for that transaction only): the writers' commits
     then share fewer flushes with it. A crash may undo the last batches; their rows
     are as old as they were and go in the next run. Not inside a caller's
-    transaction, whose own writes would commit the same way.
+    transaction (an `atomic()` or autocommit turned off), whose own writes would
+    commit the same way.
     """
-    asynchronous = connection.vendor == "postgresql" and not connection.in_atomic_block
+    asynchronous = (
+        connection.vendor == "postgresql"
+        and connection.get_autocommit()
+        and not connection.in_atomic_block
+    )
     deleted, after = 0, None
     deadline = time.monotonic() + max_seconds
     while time.monotonic() < deadline:

@@ -120,3 +120,13 @@ def test_a_purge_batch_commits_asynchronously_and_only_itself(monkeypatch):
     with transaction.atomic(), CaptureQueriesContext(connection) as captured:
         assert record_purge_expired() == 1
     assert not [q for q in captured if q["sql"].startswith("SET")]
+    # And in one the caller opened by turning autocommit off.
+    make(1, expired=True, tag="manual")
+    transaction.set_autocommit(False)
+    try:
+        with CaptureQueriesContext(connection) as captured:
+            assert record_purge_expired() == 1
+        transaction.commit()
+    finally:
+        transaction.set_autocommit(True)
+    assert not [q for q in captured if q["sql"].startswith("SET")]
