@@ -1,6 +1,9 @@
 """Every status-code path of the contract's "Idempotent writes" section."""
 
+import re
+
 import pytest
+from django.conf import settings
 from django.utils import timezone
 from prometheus_client import REGISTRY
 
@@ -388,3 +391,36 @@ def test_the_shortcut_never_answers_another_token_or_request(alice, bob, key):
     assert_problem(
         alice.post(DEPOSITS, {"amount": 6}, key), 422, "idempotency_key_reused"
     )
+
+
+def test_the_one_statement_insert_writes_the_record_the_model_would():
+    """`insert_finished` on PostgreSQL is hand-written SQL: it must name every column
+    (a field added to the model and not to it would be NULL, or fail the INSERT), and
+    write what the model's own record (`_finished`) holds."""
+    from idempotency.records import (
+        Call,
+        StoredResponse,
+        _finished,
+        _finished_insert,
+        insert_finished,
+    )
+
+    head = _finished_insert(60).split(" VALUES ")[0]
+    named = set(re.findall(r'"(\w+)"', head)) - {IdempotencyRecord._meta.db_table}
+    columns = {field.column for field in IdempotencyRecord._meta.concrete_fields}
+    assert named == columns - {"id", "locked_until"}  # (an id of its own; no lease)
+
+    call = Call("user:1", "k-insert", "orders.create", "POST", "/x", "f", {"a": "1"})
+    stored = StoredResponse("f", 201, {"Location": "/y"}, b'{"id": 1}')
+    assert insert_finished(call, stored)
+    assert not insert_finished(call, stored)  # the key has its record: no second
+    written = IdempotencyRecord.objects.get(scope="user:1", key="k-insert")
+    expected = _finished(call, stored)
+    for field in IdempotencyRecord._meta.concrete_fields:
+        if field.name not in {"id", "created_at", "expires_at"}:
+            got, want = getattr(written, field.name), getattr(expected, field.name)
+            if field.name == "response_body":
+                got = bytes(got)  # (a memoryview from PostgreSQL)
+            assert got == want, field.name
+    lifetime = written.expires_at - written.created_at
+    assert abs(lifetime.total_seconds() - settings.IDEMPOTENCY_TTL_SECONDS) < 1
