@@ -83,7 +83,11 @@ def options(argv: list[str] | None = None) -> argparse.Namespace:
         "intents": 200,
         "seconds": 25.0 if short else 120.0,
         "overhead_seconds": 3.0 if short else 8.0,
-        "settle_seconds": 40.0 if short else 90.0,
+        # Long enough for the slowest recovery the stack owns: a callback whose
+        # task was lost waits for `redrive_inbox` (every 60 s, for events older than
+        # 60 s), and for a new acting beat (BEAT_LEASE_SECONDS, 30) if the beat died.
+        # The settle returns as soon as nothing is owed, so a calm run is no longer.
+        "settle_seconds": 150.0,
     }
     for name, value in defaults.items():
         if getattr(args, name) is None:

@@ -16,14 +16,14 @@ from tests.servers import run_bench
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(290)
+@pytest.mark.timeout(420)
 def test_the_short_chaos_run_ends_with_no_violation(tmp_path):
     status, output, left = run_bench(
         [sys.executable, "bench/load.py", "--chaos", "--short"],
         tmp_path / "run",
         # A database of its own, so a `make chaos` running meanwhile is not dropped.
         {"CHAOS_DB": "ledger_chaos_test"},
-        timeout=240,
+        timeout=360,
     )
     assert not left, f"process groups outlived the run: {left}"
     assert status == 0, output[-6000:]

@@ -16,13 +16,13 @@ from tests.servers import run_bench
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(420)
+@pytest.mark.timeout(540)
 def test_the_short_cluster_chaos_run_ends_with_no_violation(tmp_path):
     status, output, left = run_bench(
         [sys.executable, "bench/cluster.py", "--short"],
         tmp_path / "run",
         {"CHAOS_DB": "ledger_chaos_cluster_test"},
-        timeout=360,
+        timeout=480,
     )
     assert not left, f"process groups outlived the run: {left}"
     assert status == 0, output[-6000:]
