@@ -42,20 +42,26 @@ def canonical(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False)
 
 
-def canonical_body(raw: bytes) -> tuple[str, Any]:
-    """Return (canonical text, parsed value) of a request body.
+def canonical_body(raw: bytes) -> tuple[str, dict[str, str]]:
+    """Return the canonical text of a request body and, for a JSON object, the
+    canonical text of each top-level field's value (by name).
 
     A body that is not JSON, or nests deeper than `jsonparse.MAX_DEPTH` (which
     `canonical` could not walk), is fingerprinted as its raw bytes: the view will
     refuse it anyway, and the same bytes must still get the same refusal.
     """
     if not raw.strip():
-        return "", None
+        return "", {}
     try:
         parsed = _loads(raw)
     except (ValueError, UnicodeDecodeError):
-        return "raw:" + hashlib.sha256(raw).hexdigest(), None
-    return canonical(parsed), parsed
+        return "raw:" + hashlib.sha256(raw).hexdigest(), {}
+    if not isinstance(parsed, dict):
+        return canonical(parsed), {}
+    # `canonical(parsed)`, each value serialized once for the text and its field.
+    values = {name: canonical(value) for name, value in parsed.items()}
+    text = ",".join(f"{canonical(name)}:{values[name]}" for name in sorted(values))
+    return "{" + text + "}", values
 
 
 def _utf8(text: str) -> bytes:
@@ -81,13 +87,9 @@ def _storable(name: str) -> str:
 
 def fingerprint(method: str, path: str, raw_body: bytes) -> tuple[str, dict[str, str]]:
     """Return the request's fingerprint and a short hash of each top-level field."""
-    text, parsed = canonical_body(raw_body)
+    text, values = canonical_body(raw_body)
     digest = hashlib.sha256(_utf8(f"{method}\n{path}\n{text}")).hexdigest()
-    fields = (
-        {_storable(k): _short_hash(canonical(v)) for k, v in parsed.items()}
-        if isinstance(parsed, dict)
-        else {}
-    )
+    fields = {_storable(name): _short_hash(value) for name, value in values.items()}
     return digest, fields
 
 
