@@ -7,6 +7,12 @@ INSERT (three round trips) and an exception on the common losing path. `INSERT .
 CONFLICT DO NOTHING` costs one statement, works the same on PostgreSQL and SQLite, and
 losing is an answer, not an exception.
 
+`insert_many`: a batch writes many rows of one model (a batch of 100 transfers: 100
+journal entries, 200 postings, 100 transfers). One INSERT whose every column is an
+array (`SELECT * FROM unnest(...)`) has one text whatever the batch's size, and its
+values go as they are: `bulk_create` prepares each one through its field first (2,500
+calls for those 400 rows, a third of the request's CPU).
+
 `delete_in_batches`: housekeeping that deletes old rows (expired keys, unused
 pre-orders) must never lock a large part of a table or hold locks for long, or it
 starves the writers it shares the table with.
@@ -19,14 +25,22 @@ this process: its clock is this host's, read here and passed in, formatted as th
 ORM formats it (so that times stored both ways compare, and equal, as text).
 """
 
+import json
 import time
 from collections.abc import Mapping, Sequence
 from datetime import timedelta
 from functools import cache
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 from django.db import connection, transaction
-from django.db.models import DateTimeField, Expression, Field, Model, QuerySet
+from django.db.models import (
+    DateTimeField,
+    Expression,
+    Field,
+    JSONField,
+    Model,
+    QuerySet,
+)
 from django.db.models.functions import Now
 from django.utils import timezone
 
@@ -127,6 +141,57 @@ def insert_unless_exists(
         setattr(instance, name, value)
     instance._state.adding = False
     return True
+
+
+M = TypeVar("M", bound=Model)
+
+
+@cache
+def _unnest_statement(model: type[Model]) -> str:
+    """Built once per model: one array per column, each cast to its column's type."""
+    quote = connection.ops.quote_name
+    fields = _columns(model)
+    columns = ", ".join(quote(cast(str, f.column)) for f in fields)
+    arrays = ", ".join(
+        f"%s::{cast(str, f.db_type(connection)).split('(')[0]}[]"  # varchar(3): varchar[]
+        for f in fields
+    )
+    return (
+        f"INSERT INTO {quote(model._meta.db_table)} ({columns}) "  # noqa: S608
+        f"SELECT * FROM unnest({arrays}) "
+        f"RETURNING {quote(cast(str, model._meta.pk.column))}"  # type: ignore[union-attr]
+    )
+
+
+def insert_many(objs: Sequence[M]) -> Sequence[M]:
+    """`bulk_create(objs)` for new rows of one model, as one INSERT of arrays on
+    PostgreSQL (see the module doc): each instance gets its primary key, and its
+    `auto_now_add` fields one time for the batch. Each value must be what its
+    column stores already (an int, a str, an aware datetime; a JSON field's value
+    is encoded here): nothing else is converted. Other databases: `bulk_create`.
+    """
+    if not objs:
+        return objs
+    model = type(objs[0])
+    if connection.vendor != "postgresql":
+        return model._default_manager.bulk_create(objs)
+    now = timezone.now()
+    arrays: list[list[Any]] = []
+    for f in _columns(model):
+        if getattr(f, "auto_now_add", False) or getattr(f, "auto_now", False):
+            for obj in objs:
+                setattr(obj, f.attname, now)
+        values = [getattr(obj, f.attname) for obj in objs]
+        if isinstance(f, JSONField):
+            values = [json.dumps(value, cls=f.encoder) for value in values]
+        arrays.append(values)
+    with connection.cursor() as cursor:
+        cursor.execute(_unnest_statement(model), arrays)
+        ids = [row[0] for row in cursor.fetchall()]
+    for obj, pk in zip(objs, ids, strict=True):
+        obj.pk = pk
+        obj._state.adding, obj._state.db = False, connection.alias
+    return objs
 
 
 def delete_in_batches(

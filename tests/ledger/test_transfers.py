@@ -268,6 +268,28 @@ def test_a_batch_of_100_to_100_recipients(alice):
     assert balance(wallet) == 10_000 - sum(range(1, 101))
     assert Posting.objects.filter(entry__kind="transfer").count() == 200
     assert ledger_report()["ok"]
+    # Every row the batch wrote in one INSERT of arrays is the one the answer names,
+    # linked to its own entry and postings, in the items' order.
+    made = response.json()["transfers"]
+    stored = Transfer.objects.select_related("entry", "recipient").in_bulk(
+        [transfer["id"] for transfer in made]
+    )
+    for index, answer in enumerate(made):
+        transfer = stored[answer["id"]]
+        assert (transfer.index, transfer.recipient.username, transfer.amount) == (
+            index,
+            names[index],
+            index + 1,
+        )
+        assert answer["created_at"] == transfer.created_at.isoformat().replace(
+            "+00:00", "Z"
+        )
+        entry = transfer.entry
+        assert entry.reference == f"transfer:{transfer.batch_id}:{index}"
+        assert (entry.kind, entry.params) == ("transfer", {})
+        assert entry.description == f"Transfer from alice to {names[index]}"
+        amounts = sorted(entry.postings.values_list("amount", flat=True))
+        assert amounts == [-(index + 1), index + 1]
 
 
 @pytest.mark.django_db(transaction=True)
