@@ -153,7 +153,8 @@ def _unnest_statement(model: type[Model]) -> str:
     fields = _columns(model)
     columns = ", ".join(quote(cast(str, f.column)) for f in fields)
     arrays = ", ".join(
-        f"%s::{cast(str, f.db_type(connection)).split('(')[0]}[]"  # varchar(3): varchar[]
+        # (a length dropped: varchar(3) -> varchar[])
+        f"%s::{cast(str, f.db_type(connection)).split('(')[0]}[]"
         for f in fields
     )
     return (

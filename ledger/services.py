@@ -602,8 +602,9 @@ def _credit_many(
     credits: Mapping[int, tuple[int, int]],
 ) -> dict[int, tuple[int, int]]:
     """Credit several active accounts in one conditional UPDATE ... FROM a list of
-    (id, amount, postings) rows; `credits` maps account id -> (amount, postings). Answer each account's balance
-    and version after it; an account the guard refused is missing from the answer."""
+    (id, amount, postings) rows; `credits` maps account id -> (amount, postings).
+    Answer each account's balance and version after it; an account the guard
+    refused is missing from the answer."""
     ordered = sorted(credits.items())
     params: list[Any]
     if connection.vendor == "postgresql":
