@@ -8,6 +8,7 @@ from django.utils import timezone
 from prometheus_client import REGISTRY
 
 import idempotency.metrics  # noqa: F401  (registers the counters before we read them)
+from idempotency import records
 from idempotency.models import IdempotencyRecord
 from idempotency.redis import get_redis
 from idempotency.services import record_purge_expired
@@ -237,6 +238,35 @@ def test_expired_lease_is_taken_over_and_resumed(alice, key, no_redis):
 def forget_redis() -> None:
     if (redis := get_redis()) is not None:
         redis.flushdb()
+
+
+def test_a_claim_that_loses_the_key_after_forgetting_it_is_409_and_runs_nothing(
+    alice, key, both_paths, monkeypatch
+):
+    # A phased claim finds the key's record expired and forgets it, then INSERTs its
+    # own; if another request's record landed in between (its INSERT is made here, in
+    # the gap), the claim holds no record and no lease: 409, and nothing runs.
+    alice.post("/test/phased-deposits", {"amount": 5}, key)
+    IdempotencyRecord.objects.filter(key=key).update(
+        expires_at=timezone.now() - timezone.timedelta(seconds=1)
+    )
+    forget_redis()
+    find = records.find
+
+    def find_then_lose_the_key(call, **options):
+        found = find(call, **options)
+        assert found is None  # the expired record, forgotten
+        records._insert(records._new(call, status=records.Status.PROCESSING))
+        return found
+
+    monkeypatch.setattr(records, "find", find_then_lose_the_key)
+    before = counted("executed")
+    response = alice.post("/test/phased-deposits", {"amount": 5}, key)
+    assert_problem(response, 409, "idempotency_key_in_flight")
+    assert alice.deposits() == 1  # the first request's, and no other
+    assert counted("executed") == before
+    record = IdempotencyRecord.objects.get(key=key)
+    assert record.status == "processing" and record.recovery_point == "started"
 
 
 def test_a_processing_record_past_its_ttl_is_resumed_not_forgotten(
