@@ -183,8 +183,11 @@ def insert_many(objs: Sequence[M]) -> Sequence[M]:
             for obj in objs:
                 setattr(obj, f.attname, now)
         values = [getattr(obj, f.attname) for obj in objs]
-        if isinstance(f, JSONField):
-            values = [json.dumps(value, cls=f.encoder) for value in values]
+        if isinstance(f, JSONField):  # (None is SQL NULL, as `bulk_create` has it)
+            values = [
+                None if value is None else json.dumps(value, cls=f.encoder)
+                for value in values
+            ]
         arrays.append(values)
     with connection.cursor() as cursor:
         cursor.execute(_unnest_statement(model), arrays)
