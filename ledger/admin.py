@@ -149,7 +149,14 @@ class AccountAdmin(BackofficeMixin, admin.ModelAdmin):
     list_filter = ("kind", "status", "currency")
     search_fields = ("owner__username", "code")
     list_select_related = ("owner",)
-    readonly_fields = ("balance_money", "held_money", "version", "status", "created_at")
+    readonly_fields = (
+        "balance_money",
+        "held_money",
+        "version",
+        "status",
+        "parent",
+        "created_at",
+    )
     fields = ("owner", "code", "kind", "currency", *readonly_fields)
     actions = ("credit", "freeze", "unfreeze", "close")
 

@@ -36,3 +36,22 @@ def beat_lease(**kwargs: Any) -> list[checks.CheckMessage]:
             id="ledger.E002",
         )
     ]
+
+
+# Enough to spread any one merchant's payments over more row locks than there are
+# connections to take them.
+MERCHANT_SUB_ACCOUNTS_MAX = 1024
+
+
+@checks.register()
+def merchant_sub_accounts(**kwargs: Any) -> list[checks.CheckMessage]:
+    count = settings.MERCHANT_SUB_ACCOUNTS
+    if 0 <= count <= MERCHANT_SUB_ACCOUNTS_MAX:
+        return []
+    return [
+        checks.Error(
+            f"MERCHANT_SUB_ACCOUNTS = {count!r}: must be 0 (none) to "
+            f"{MERCHANT_SUB_ACCOUNTS_MAX}",
+            id="ledger.E003",
+        )
+    ]

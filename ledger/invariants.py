@@ -188,6 +188,48 @@ def available_not_negative() -> list[str]:
     ]
 
 
+@invariant
+def merchant_sub_accounts_belong() -> list[str]:
+    """A sub-account (MERCHANT_SUB_ACCOUNTS) is a merchant account under a
+    merchant's own account of its currency, and never holds money back."""
+    astray = (
+        Account.objects.filter(parent__isnull=False)
+        .exclude(
+            Q(kind=Account.Kind.MERCHANT, held=0)
+            & Q(parent__kind=Account.Kind.MERCHANT, parent__parent__isnull=True)
+            & Q(currency=F("parent__currency"))
+        )
+        .values_list("pk", "parent_id")
+    )
+    return [
+        f"account {pk} is not a merchant sub-account of merchant account {parent}"
+        for pk, parent in astray
+    ]
+
+
+def merchants() -> dict:
+    """Each merchant account's money, its sub-accounts' included: what it has, and
+    how much of that the sub-accounts hold until the next sweep."""
+    rows = (
+        Account.objects.filter(kind=Account.Kind.MERCHANT, parent__isnull=True)
+        .annotate(
+            waiting=Coalesce(Sum("sub_accounts__balance"), 0),
+            subs=Count("sub_accounts"),
+        )
+        .order_by("pk")
+        .values_list("code", "pk", "currency", "balance", "waiting", "subs")
+    )
+    return {
+        code or str(pk): {
+            "currency": currency,
+            "balance": balance + waiting,
+            "in_sub_accounts": waiting,
+            "sub_accounts": subs,
+        }
+        for code, pk, currency, balance, waiting, subs in rows
+    }
+
+
 def ledger_report() -> dict:
     """Seal what is unsealed, then run every registered invariant and warning
     check; return a JSON-ready summary (`ok` is about the invariants only)."""
@@ -208,6 +250,7 @@ def ledger_report() -> dict:
         "entries": JournalEntry.objects.count(),
         "postings": Posting.objects.count(),
         "money_inside": totals,
+        "merchants": merchants(),
         "journal": {**journal_head(), "sealed_now": sealed},
         "checks": [check.__name__ for check in _checks],
         "violations": violations,

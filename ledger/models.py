@@ -55,6 +55,16 @@ class Account(models.Model):
     status = FSMField(
         _("status"), max_length=16, choices=Status.choices, default=Status.ACTIVE
     )
+    # A merchant's sub-account (MERCHANT_SUB_ACCOUNTS): payments credit it instead
+    # of the merchant's own row, and `merchant_sweep` moves its balance up here.
+    parent = models.ForeignKey(
+        "self",
+        verbose_name=_("sweeps into"),
+        null=True,
+        blank=True,
+        on_delete=models.PROTECT,
+        related_name="sub_accounts",
+    )
     created_at = models.DateTimeField(_("created"), auto_now_add=True)
 
     class Meta:
@@ -71,6 +81,10 @@ class Account(models.Model):
                 condition=Q(held__gte=0)
                 & (Q(held__lte=models.F("balance")) | Q(kind="external")),
                 name="account_held_within_balance",
+            ),
+            models.CheckConstraint(
+                condition=Q(parent__isnull=True) | Q(kind="merchant"),
+                name="account_only_merchants_have_a_parent",
             ),
             models.UniqueConstraint(
                 fields=["owner", "currency"],

@@ -12,12 +12,14 @@ its ledger entry in the same transaction as the order's new state and the idempo
 record that remembers the answer, so callers are allowed to wrap them.
 """
 
+import zlib
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, cast
 
+from django.conf import settings
 from django.contrib.auth.models import User
 from django.db import IntegrityError, connection, transaction
 from django.db.models import F, Q, QuerySet
@@ -232,13 +234,84 @@ def external_account(*, currency: str) -> Account:
     return account
 
 
+def merchant_code(currency: str) -> str:
+    return f"merchant-{currency.lower()}"
+
+
+def merchant_sub_code(currency: str, number: int) -> str:
+    return f"{merchant_code(currency)}-sub-{number}"
+
+
 def merchant_account(*, currency: str) -> Account:
     """The shop's own account for `currency`: where customers' payments land."""
     account, _ = Account.objects.get_or_create(
-        code=f"merchant-{currency.lower()}",
+        code=merchant_code(currency),
         defaults={"kind": Account.Kind.MERCHANT, "currency": currency},
     )
     return account
+
+
+def merchant_credit_account(*, currency: str, spread_by: str) -> Account:
+    """The account a payment to the merchant credits.
+
+    With `MERCHANT_SUB_ACCOUNTS` = N (2 or more), one of the merchant's N
+    sub-accounts, chosen by a hash of `spread_by` (the payment's ledger reference):
+    concurrent payments then queue on N row locks instead of the merchant's one,
+    and `merchant_sweep` moves what they collect up into the merchant's account.
+    Otherwise, or when staff closed that sub-account, the merchant's account
+    itself. Either way one lookup by code; a sub-account is created by the first
+    payment that lands on it.
+    """
+    count = settings.MERCHANT_SUB_ACCOUNTS
+    if count < 2:
+        return merchant_account(currency=currency)
+    code = merchant_sub_code(currency, zlib.crc32(spread_by.encode()) % count)
+    account = Account.objects.filter(code=code).first()
+    if account is None:
+        account, _ = Account.objects.get_or_create(
+            code=code,
+            defaults={
+                "kind": Account.Kind.MERCHANT,
+                "currency": currency,
+                "parent": merchant_account(currency=currency),
+            },
+        )
+    if account.status == Account.Status.CLOSED:
+        return merchant_account(currency=currency)
+    return account
+
+
+def sweep_reference(sub_account: Account) -> str:
+    """One sweep per state of a sub-account: its id and the version swept."""
+    return f"sweep:{sub_account.pk}:{sub_account.version}"
+
+
+def merchant_sweep(*, account_id: int) -> JournalEntry | None:
+    """Move a merchant sub-account's whole balance up into its merchant's account,
+    once; None when it holds nothing.
+
+    One journal entry (sub-account -> merchant), in the caller's transaction. Both
+    rows are locked first, in primary-key order as every service takes them (a
+    payment crediting the sub-account waits the moment this takes), so the amount
+    posted is the balance; the entry's reference names the version swept
+    (`sweep:<id>:<version>`), so a second sweep of the same state (a redelivered
+    task, a second worker) finds nothing left or the reference taken.
+    """
+    parent_id = Account.objects.values_list("parent_id", flat=True).get(pk=account_id)
+    if parent_id is None:
+        raise ValueError(f"account {account_id} is not a merchant sub-account")
+    rows = Account.objects.select_for_update().filter(pk__in=(account_id, parent_id))
+    sub = {row.pk: row for row in rows.order_by("pk")}[account_id]
+    if sub.balance <= 0:
+        return None
+    return ledger_post(
+        reference=sweep_reference(sub),
+        kind=JournalEntry.Kind.TRANSFER,
+        currency=sub.currency,
+        legs=[(sub.pk, -sub.balance), (parent_id, sub.balance)],
+        params=entry_params("merchant_sweep", account=sub.code or str(sub.pk)),
+        seen_versions={sub.pk: sub.version},
+    )
 
 
 def wallet_get_or_create(*, owner_id: int, currency: str) -> Account:

@@ -3,8 +3,10 @@ import logging
 from celery import shared_task
 from django.db import transaction
 
+from .exceptions import AccountNotActive
 from .invariants import ledger_report
-from .services import journal_seal
+from .selectors import merchant_sub_accounts_to_sweep
+from .services import journal_seal, merchant_sweep
 
 logger = logging.getLogger(__name__)
 
@@ -25,3 +27,17 @@ def seal_journal() -> int:
     """Seal the journal entries committed since the last run into the hash chain."""
     with transaction.atomic(durable=True):
         return journal_seal()
+
+
+@shared_task
+def sweep_merchant_sub_accounts() -> int:
+    """Sweep every merchant sub-account holding money into its merchant's account,
+    each in its own transaction; return how many were swept."""
+    swept = 0
+    for account_id in merchant_sub_accounts_to_sweep().values_list("pk", flat=True):
+        try:
+            with transaction.atomic(durable=True):  # the task is the entry point
+                swept += merchant_sweep(account_id=account_id) is not None
+        except AccountNotActive:  # frozen by staff: its money stays until unfrozen
+            logger.warning("merchant sub-account %s is not active", account_id)
+    return swept

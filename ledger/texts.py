@@ -33,6 +33,11 @@ TEXTS: dict[str, Any] = {
         {JournalEntry.Kind.REFUND},
         re.compile(r"Refund of order (?P<order>\S+)"),
     ),
+    "merchant_sweep": (
+        _("Sweep of sub-account %(account)s"),
+        {JournalEntry.Kind.TRANSFER},
+        re.compile(r"Sweep of sub-account (?P<account>\S+)"),
+    ),
     "top_up": (_("Top-up"), {JournalEntry.Kind.DEPOSIT}, re.compile(r"Top-up")),
 }
 

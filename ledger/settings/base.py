@@ -195,6 +195,10 @@ SPECTACULAR_SETTINGS = {
 
 # The default currency of wallets and orders (ISO 4217); money is in minor units.
 LEDGER_DEFAULT_CURRENCY = env("LEDGER_DEFAULT_CURRENCY", "CNY")
+# Spread payments to the merchant over this many sub-accounts (0: credit the
+# merchant's own account): each payment holds one row lock to the end of its
+# transaction, so one hot merchant takes payments one at a time without them.
+MERCHANT_SUB_ACCOUNTS = env_int("MERCHANT_SUB_ACCOUNTS", 0)
 
 # Idempotency engine.
 IDEMPOTENCY_TTL_SECONDS = env_int("IDEMPOTENCY_TTL_SECONDS", 86400)
@@ -281,6 +285,11 @@ CELERY_BEAT_SCHEDULE = {
     # The journal's hash chain: entries committed since the last run get their seal.
     "ledger-seal-journal": {
         "task": "ledger.tasks.seal_journal",
+        "schedule": 60.0,
+    },
+    # Merchant sub-accounts (MERCHANT_SUB_ACCOUNTS) swept into their merchant.
+    "ledger-sweep-merchant-sub-accounts": {
+        "task": "ledger.tasks.sweep_merchant_sub_accounts",
         "schedule": 60.0,
     },
     "ledger-check-invariants": {
