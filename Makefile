@@ -44,7 +44,8 @@ lint: install-dev
 test: install-dev lint
 	$(BIN)/pytest
 	LEDGER_TEST_DB=sqlite $(BIN)/pytest tests/ledger tests/idempotency/test_engine.py \
-		tests/idempotency/test_concurrency.py tests/idempotency/test_housekeeping.py
+		tests/idempotency/test_concurrency.py tests/idempotency/test_housekeeping.py \
+		tests/payments/test_merchant_sub_accounts.py
 
 # The compose stack for real (tests/ops/test_compose_up.py, which `make test` runs too):
 # builds the images (base images from Debian's packages where debootstrap is installed,

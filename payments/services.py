@@ -19,8 +19,9 @@ from django.utils import timezone
 
 from idempotency.engine import Phases
 from idempotency.sql import DatabaseNow, insert_unless_exists
-from ledger.exceptions import HoldNotActive
+from ledger.exceptions import AccountNotActive, HoldNotActive, InsufficientFunds
 from ledger.models import JournalEntry
+from ledger.selectors import entry_credited_account
 from ledger.services import (
     external_account,
     hold_authorize,
@@ -29,6 +30,7 @@ from ledger.services import (
     hold_void,
     ledger_transfer,
     merchant_account,
+    merchant_credit_account,
     wallet_get_or_create,
 )
 from ledger.texts import entry_params
@@ -109,7 +111,8 @@ def payment_pay_with_balance(*, order_id: int) -> Payment:
     with transaction.atomic(savepoint=False):
         order = order_lock_for_payment(order_id=order_id)
         wallet = wallet_get_or_create(owner_id=order.owner_id, currency=order.currency)
-        merchant = merchant_account(currency=order.currency)
+        reference = payment_reference(order)
+        merchant = merchant_credit_account(currency=order.currency, spread_by=reference)
         payment = Payment.objects.create(
             order=order,
             method=Payment.Method.BALANCE,
@@ -121,7 +124,7 @@ def payment_pay_with_balance(*, order_id: int) -> Payment:
             destination_id=merchant.pk,
             amount=order.amount,
             currency=order.currency,
-            reference=payment_reference(order),
+            reference=reference,
             kind=JournalEntry.Kind.PAYMENT,
             params=entry_params("order_payment", order=order.merchant_order_no),
         )
@@ -211,13 +214,17 @@ def payment_capture(*, payment_id: int, amount: int | None = None) -> Payment:
             )
         if amount <= 0:
             raise ValueError("a capture moves a positive amount")
+        reference = payment_reference(order)
+        merchant = merchant_credit_account(
+            currency=payment.currency, spread_by=reference
+        )
         try:
             entry = hold_capture(
                 hold_id=payment.hold_id,
                 amount=amount,
-                destination_id=merchant_account(currency=payment.currency).pk,
+                destination_id=merchant.pk,
                 currency=payment.currency,
-                reference=payment_reference(order),
+                reference=reference,
                 kind=JournalEntry.Kind.PAYMENT,
                 description=f"Order {order.merchant_order_no}",
             )
@@ -423,7 +430,6 @@ def _refund_locked(*, order: Order, payment: Payment, reason: str) -> Refund:
     `payment` may be succeeded only in memory (a late success being given back at
     once): the save is conditional on the status the row had when it was read.
     """
-    merchant = merchant_account(currency=payment.currency)
     if payment.method == Payment.Method.BALANCE:
         destination = wallet_get_or_create(
             owner_id=order.owner_id, currency=payment.currency
@@ -431,15 +437,35 @@ def _refund_locked(*, order: Order, payment: Payment, reason: str) -> Refund:
     else:
         # Provider money goes back where it came from: out through the provider.
         destination = external_account(currency=payment.currency)
-    entry = ledger_transfer(
-        source_id=merchant.pk,
-        destination_id=destination.pk,
-        amount=payment.amount,
-        currency=payment.currency,
-        reference=refund_reference(payment),
-        kind=JournalEntry.Kind.REFUND,
-        params=entry_params("order_refund", order=order.merchant_order_no),
+
+    def give_back(source_id: int) -> JournalEntry:
+        return ledger_transfer(
+            source_id=source_id,
+            destination_id=destination.pk,
+            amount=payment.amount,
+            currency=payment.currency,
+            reference=refund_reference(payment),
+            kind=JournalEntry.Kind.REFUND,
+            params=entry_params("order_refund", order=order.merchant_order_no),
+        )
+
+    credited = (
+        entry_credited_account(entry_id=payment.journal_entry_id)
+        if payment.journal_entry_id is not None
+        else None
     )
+    if credited is None:  # pragma: no cover - a succeeded payment has its entry
+        entry = give_back(merchant_account(currency=payment.currency).pk)
+    elif credited[1] is None:  # the merchant's own account
+        entry = give_back(credited[0])
+    else:
+        # A merchant sub-account took the payment: the money is there until a
+        # sweep moves it up to the merchant's account, then it is there.
+        try:
+            with transaction.atomic():  # rolled back to when the sweep came first
+                entry = give_back(credited[0])
+        except (InsufficientFunds, AccountNotActive):
+            entry = give_back(credited[1])
     try:
         with transaction.atomic():
             refund = Refund.objects.create(
@@ -514,12 +540,16 @@ def payment_settle(*, payment_id: int, provider_txn_id: str) -> Payment:
         order, payment = _lock(payment_id)
         if payment.status in (Payment.Status.SUCCEEDED, Payment.Status.REFUNDED):
             return payment
+        reference = provider_reference(payment)
+        merchant = merchant_credit_account(
+            currency=payment.currency, spread_by=reference
+        )
         entry = ledger_transfer(
             source_id=external_account(currency=payment.currency).pk,
-            destination_id=merchant_account(currency=payment.currency).pk,
+            destination_id=merchant.pk,
             amount=payment.amount,
             currency=payment.currency,
-            reference=provider_reference(payment),
+            reference=reference,
             kind=JournalEntry.Kind.PAYMENT,
             params=entry_params(
                 "order_payment_provider", order=order.merchant_order_no

@@ -1,0 +1,307 @@
+"""Merchant sub-accounts (`MERCHANT_SUB_ACCOUNTS`): payments credit one of the
+merchant's N sub-accounts, a beat task sweeps them up into the merchant's account,
+refunds find the money wherever it is, and `check_ledger` counts it all."""
+
+import pytest
+from django.core import checks
+from django.db import transaction
+
+from ledger.exceptions import AccountNotActive
+from ledger.invariants import ledger_report
+from ledger.models import Account, JournalEntry
+from ledger.services import (
+    account_close,
+    account_freeze,
+    merchant_account,
+    merchant_credit_account,
+    merchant_sweep,
+)
+from ledger.tasks import sweep_merchant_sub_accounts
+from orders.services import order_cancel
+from payments.models import Payment, ProviderEvent
+from payments.services import (
+    payment_authorize_with_balance,
+    payment_capture,
+    payment_pay_with_balance,
+    payment_refund,
+    provider_event_process,
+)
+from tests.conftest import run_in_threads
+from tests.helpers import (
+    balance,
+    customer,
+    event_body,
+    new_key,
+    pending_provider_payment,
+    place_order,
+    post_callback,
+)
+
+pytestmark = pytest.mark.django_db
+
+SUBS = 4
+
+
+@pytest.fixture(autouse=True)
+def _spread(settings):
+    settings.MERCHANT_SUB_ACCOUNTS = SUBS
+
+
+def sub_accounts() -> list[Account]:
+    return list(Account.objects.filter(parent__isnull=False).order_by("pk"))
+
+
+def in_subs() -> int:
+    return sum(sub.balance for sub in sub_accounts())
+
+
+def assert_ledger_ok() -> dict:
+    report = ledger_report()
+    assert report["ok"], report["violations"]
+    return report
+
+
+def pay_orders(
+    count: int, amount: int = 100, username: str = "spread"
+) -> tuple[Account, list[Payment]]:
+    user, _, wallet = customer(username, balance=count * amount)
+    payments = [
+        payment_pay_with_balance(order_id=place_order(user, amount=amount).pk)
+        for _ in range(count)
+    ]
+    return wallet, payments
+
+
+def test_payments_land_on_sub_accounts_and_check_ledger_counts_them():
+    _, payments = pay_orders(12)
+    main = merchant_account(currency="CNY")
+    subs = sub_accounts()
+    assert balance(main) == 0
+    assert 2 <= len(subs) <= SUBS  # twelve payments hash to several of the four
+    assert {(s.kind, s.parent_id, s.currency) for s in subs} == {
+        (Account.Kind.MERCHANT, main.pk, "CNY")
+    }
+    assert in_subs() == 1200
+    for payment in payments:  # the same payment always picks the same sub-account
+        credited = merchant_credit_account(
+            currency="CNY", spread_by=payment.journal_entry.reference
+        )
+        assert payment.journal_entry.postings.filter(account=credited).exists()
+    report = assert_ledger_ok()
+    assert report["merchants"][main.code] == {
+        "currency": "CNY",
+        "balance": 1200,
+        "in_sub_accounts": 1200,
+        "sub_accounts": len(subs),
+    }
+
+
+def test_without_the_setting_payments_credit_the_merchant_itself(settings):
+    settings.MERCHANT_SUB_ACCOUNTS = 0
+    pay_orders(3)
+    assert balance(merchant_account(currency="CNY")) == 300
+    assert sub_accounts() == []
+
+
+def test_the_sweep_moves_everything_up_once_and_a_retry_moves_nothing():
+    pay_orders(12)
+    used = len(sub_accounts())
+    assert sweep_merchant_sub_accounts() == used
+    main = merchant_account(currency="CNY")
+    assert (balance(main), in_subs()) == (1200, 0)
+    sweeps = JournalEntry.objects.filter(reference__startswith="sweep:")
+    assert sweeps.count() == used
+    assert {e.kind for e in sweeps} == {JournalEntry.Kind.TRANSFER}
+    # A redelivered task, or the same sub-account swept again by hand.
+    assert sweep_merchant_sub_accounts() == 0
+    with transaction.atomic():
+        assert merchant_sweep(account_id=sub_accounts()[0].pk) is None
+    assert sweeps.count() == used
+    report = assert_ledger_ok()
+    assert report["merchants"][main.code]["in_sub_accounts"] == 0
+    assert report["merchants"][main.code]["balance"] == 1200
+
+
+def test_a_sweep_of_an_account_that_is_no_sub_account_is_refused():
+    pay_orders(1)
+    with pytest.raises(ValueError), transaction.atomic():
+        merchant_sweep(account_id=merchant_account(currency="CNY").pk)
+
+
+def test_a_refund_before_the_sweep_comes_from_the_sub_account():
+    wallet, (payment, _other) = pay_orders(2, amount=700)
+    payment_refund(payment_id=payment.pk)
+    assert balance(wallet) == 700
+    assert in_subs() == 700 and balance(merchant_account(currency="CNY")) == 0
+    assert_ledger_ok()
+
+
+def test_a_refund_after_the_sweep_comes_from_the_merchant():
+    wallet, (payment,) = pay_orders(1, amount=700)
+    sweep_merchant_sub_accounts()
+    payment_refund(payment_id=payment.pk)
+    assert balance(wallet) == 700
+    assert (in_subs(), balance(merchant_account(currency="CNY"))) == (0, 0)
+    assert_ledger_ok()
+
+
+def test_a_refund_over_the_api_retried_gives_back_once():
+    user, client, wallet = customer("api", balance=900)
+    payment = payment_pay_with_balance(order_id=place_order(user, amount=900).pk)
+    key = new_key()
+    responses = [
+        client.post(
+            f"/api/v1/payments/{payment.pk}/refund",
+            {},
+            format="json",
+            headers={"Idempotency-Key": key},
+        )
+        for _ in range(3)
+    ]
+    assert [r.status_code for r in responses] == [201] * 3
+    assert balance(wallet) == 900 and in_subs() == 0
+    assert_ledger_ok()
+
+
+def test_a_capture_credits_a_sub_account():
+    user, _, wallet = customer("holder", balance=1000)
+    order = place_order(user, amount=1000)
+    payment = payment_authorize_with_balance(order_id=order.pk, hold_seconds=600)
+    payment_capture(payment_id=payment.pk, amount=400)
+    assert (balance(wallet), in_subs()) == (600, 400)
+    assert balance(merchant_account(currency="CNY")) == 0
+    assert_ledger_ok()
+
+
+def test_a_provider_payment_settles_on_a_sub_account_and_refunds_from_it():
+    user, _, _ = customer("outside")
+    payment = pending_provider_payment(place_order(user, amount=800))
+    assert post_callback(event_body(payment)).status_code == 200
+    provider_event_process(event_id=ProviderEvent.objects.get().pk)
+    assert in_subs() == 800
+    payment_refund(payment_id=payment.pk)
+    assert in_subs() == 0
+    assert_ledger_ok()
+
+
+def test_a_late_provider_success_is_given_back_from_the_sub_account_it_hit():
+    user, _, _ = customer("late")
+    order = place_order(user, amount=800)
+    payment = pending_provider_payment(order)
+    order_cancel(order_id=order.pk)  # cancelled while the shopper still paid
+    assert post_callback(event_body(payment)).status_code == 200
+    provider_event_process(event_id=ProviderEvent.objects.get().pk)
+    payment.refresh_from_db()
+    assert payment.status == Payment.Status.REFUNDED
+    assert in_subs() == 0 and balance(merchant_account(currency="CNY")) == 0
+    assert_ledger_ok()
+
+
+def test_a_frozen_sub_account_is_left_alone_and_the_others_swept(caplog):
+    pay_orders(12)
+    frozen, *others = sub_accounts()
+    account_freeze(account_id=frozen.pk)
+    assert sweep_merchant_sub_accounts() == len(others)
+    assert in_subs() == balance(frozen) > 0
+    assert "not active" in caplog.text
+    with pytest.raises(AccountNotActive), transaction.atomic():
+        merchant_sweep(account_id=frozen.pk)
+    assert_ledger_ok()
+
+
+def test_check_ledger_names_a_sub_account_under_the_wrong_merchant():
+    pay_orders(1)
+    (sub,) = sub_accounts()
+    usd = Account.objects.create(
+        code="merchant-usd", kind=Account.Kind.MERCHANT, currency="USD"
+    )
+    Account.objects.filter(pk=sub.pk).update(parent=usd)
+    violations = ledger_report()["violations"]
+    assert violations == [
+        f"account {sub.pk} is not a merchant sub-account of merchant account {usd.pk}"
+    ]
+
+
+@pytest.mark.parametrize("count", [-1, 1025])
+def test_a_setting_out_of_range_is_refused_at_start_up(settings, count):
+    settings.MERCHANT_SUB_ACCOUNTS = count
+    errors = [m for m in checks.run_checks() if m.id == "ledger.E003"]
+    assert len(errors) == 1 and str(count) in errors[0].msg
+
+
+@pytest.mark.django_db(transaction=True)
+def test_payments_refunds_and_sweeps_racing_move_every_unit_once(on_postgres):
+    """Twenty payers, four refunds of earlier payments and four sweepers, at once:
+    every payment lands once, every refund comes back once, nothing deadlocks."""
+    users = [customer(f"racer{i}", balance=500)[0] for i in range(24)]
+    early = [
+        payment_pay_with_balance(order_id=place_order(user, amount=500).pk)
+        for user in users[20:]
+    ]
+    orders = [place_order(user, amount=500) for user in users[:20]]
+
+    def work(i: int):
+        if i < 20:
+            return payment_pay_with_balance(order_id=orders[i].pk).status
+        if i < 24:
+            return payment_refund(payment_id=early[i - 20].pk).amount
+        return [sweep_merchant_sub_accounts() for _ in range(5)]
+
+    results = run_in_threads(28, work)
+    assert not [r for r in results if isinstance(r, Exception)], results
+    sweep_merchant_sub_accounts()
+    main = merchant_account(currency="CNY")
+    assert (balance(main), in_subs()) == (20 * 500, 0)
+    report = assert_ledger_ok()
+    assert report["merchants"][main.code]["balance"] == 20 * 500
+
+
+def test_beat_sweeps_every_minute(settings):
+    entry = settings.CELERY_BEAT_SCHEDULE["ledger-sweep-merchant-sub-accounts"]
+    assert entry == {
+        "task": "ledger.tasks.sweep_merchant_sub_accounts",
+        "schedule": 60.0,
+    }
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_sweep_that_dies_half_way_is_finished_by_the_next_one(monkeypatch):
+    """Each sub-account is swept in its own transaction: a worker dying after the
+    first leaves that one swept and the rest for the next run, nothing twice."""
+    import ledger.tasks
+
+    pay_orders(12)
+    used = len(sub_accounts())
+    real = ledger.tasks.merchant_sweep
+    calls = []
+
+    def dies_on_the_second(*, account_id):
+        calls.append(account_id)
+        if len(calls) == 2:
+            raise SystemExit("worker killed")
+        return real(account_id=account_id)
+
+    monkeypatch.setattr(ledger.tasks, "merchant_sweep", dies_on_the_second)
+    with pytest.raises(SystemExit):
+        sweep_merchant_sub_accounts()
+    assert JournalEntry.objects.filter(reference__startswith="sweep:").count() == 1
+    monkeypatch.setattr(ledger.tasks, "merchant_sweep", real)
+    assert sweep_merchant_sub_accounts() == used - 1
+    assert JournalEntry.objects.filter(reference__startswith="sweep:").count() == used
+    assert (balance(merchant_account(currency="CNY")), in_subs()) == (1200, 0)
+    assert_ledger_ok()
+
+
+def test_payments_that_would_land_on_a_closed_sub_account_credit_the_merchant():
+    pay_orders(12)
+    sweep_merchant_sub_accounts()
+    closed = sub_accounts()[0]
+    account_close(account_id=closed.pk)
+    _, payments = pay_orders(12, username="later")
+    assert balance(closed) == 0
+    main = merchant_account(currency="CNY")
+    landed = {p.journal_entry.postings.get(amount__gt=0).account_id for p in payments}
+    assert closed.pk not in landed
+    assert balance(main) + in_subs() == 2400
+    payment_refund(payment_id=payments[0].pk)  # wherever it landed
+    assert_ledger_ok()
