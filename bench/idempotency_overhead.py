@@ -19,8 +19,9 @@ endpoints). Then, in one run:
 3. Bursts (16 concurrent requests with one key) and a crash (the worker SIGKILLed
    the moment the effect commits, then the key retried until it is answered) for
    every design.
-4. One hot merchant: payments to one merchant account against the same spread over
-   32, at 32 clients.
+4. One hot merchant: payments to one merchant account, to the same merchant with its
+   credits spread over 8 sub-accounts (`MERCHANT_SUB_ACCOUNTS`), and the same
+   payments spread over 32 merchants, at 32 clients.
 5. Housekeeping: a million expired keys purged by the project's own task on the real
    Celery worker while writers run at 32 clients; their p99 against before it.
 6. Growth: the key table bulk-loaded to 10 thousand, 1 million and 10 million
@@ -80,7 +81,9 @@ LEASE_SECONDS = 3  # ours: how long a crashed request's Redis lock holds its key
 POWERTOOLS_CRASH_EXPIRY_SECONDS = 2  # (contenders.py; this process has no Django)
 PAYERS = 32  # funded wallets, and merchants for the spread
 CLIENTS = (8, 32)
-MERCHANT_HEADER, CRASH_HEADER = "X-Bench-Merchant", "X-Bench-Crash"  # (middleware.py)
+# (middleware.py)
+MERCHANT_HEADER, CRASH_HEADER = "X-Bench-Merchant", "X-Bench-Crash"
+SUB_ACCOUNTS_HEADER, BENCH_SUB_ACCOUNTS = "X-Bench-Sub-Accounts", 8
 
 
 _began = time.monotonic()
@@ -448,20 +451,37 @@ def order_endpoint() -> Endpoint:
 # -- the hot merchant, the purge, growth, memory ---------------------------------------
 
 
-def hot_merchant_run(target: Target, pay: Endpoint, pace: Pace) -> dict:
-    """Payments at 32 clients, all to one merchant account or each client's to its
-    own of 32, taking turns."""
+def hot_merchant_run(
+    conn: psycopg.Connection, target: Target, pay: Endpoint, pace: Pace
+) -> dict:
+    """Payments at 32 clients, all to one merchant account, to the same merchant
+    spread over its sub-accounts (`MERCHANT_SUB_ACCOUNTS`), or each client's to its
+    own of 32 merchants, taking turns."""
     first = pay.scenarios(uuid.uuid4().hex[:8])["first"]
+    hot = with_header(first, MERCHANT_HEADER, lambda n: "0")
     figures = turns(
         target,
         {
             "spread": with_header(first, MERCHANT_HEADER, lambda n: str(n % PAYERS)),
-            "hot": with_header(first, MERCHANT_HEADER, lambda n: "0"),
+            "hot": hot,
+            "hot_sub_accounts": with_header(
+                hot, SUB_ACCOUNTS_HEADER, lambda n: str(BENCH_SUB_ACCOUNTS)
+            ),
         },
         32,
         pace,
     )
-    return {**figures, "ratio": ratio(figures["hot"], figures["spread"])}
+    # (the sub-accounts' slice landed on them: merchant 0's that took money)
+    (used,) = conn.execute(
+        "SELECT count(*) FROM ledger_account WHERE parent_id IS NOT NULL"
+        " AND balance > 0 AND code LIKE 'merchant-cny-0-sub-%'"
+    ).fetchone() or (0,)
+    return {
+        **figures,
+        "ratio": ratio(figures["hot"], figures["spread"]),
+        "sub_accounts_ratio": ratio(figures["hot_sub_accounts"], figures["spread"]),
+        "sub_accounts_used": used,
+    }
 
 
 def purge_run(
@@ -606,7 +626,7 @@ def run(stack: Stack, args: argparse.Namespace) -> dict:
             out["bursts"][name] = bursts(target, dsn, PEERS[name], args.bursts)
             out["crashes"][name] = crash(target, dsn, crashed[name], wait)
         progress("one merchant or 32")
-        out["hot_merchant"] = hot_merchant_run(target, pay, pace)
+        out["hot_merchant"] = hot_merchant_run(conn, target, pay, pace)
 
         progress("django-idempotency-key")
         port = free_port()
@@ -671,6 +691,9 @@ def summary(out: dict) -> dict:
         largest["new_ms"], smallest["new_ms"]
     )
     figures["hot_merchant_ratio"] = out["hot_merchant"]["ratio"]
+    figures["hot_merchant_sub_accounts_ratio"] = out["hot_merchant"][
+        "sub_accounts_ratio"
+    ]
     figures["purge_p99_ratio"] = out["purge"]["p99_ratio"]
     figures["purge_keys_per_s"] = out["purge"]["keys_per_s"]
     figures.update(out["memory"])
@@ -705,7 +728,10 @@ def report(out: dict, figures: dict) -> None:
     hot = out["hot_merchant"]
     print(
         f"\none merchant vs 32, 32 clients: {hot['hot']['ok_rps']} vs "
-        f"{hot['spread']['ok_rps']} payments/s ({hot['ratio']}x)"
+        f"{hot['spread']['ok_rps']} payments/s ({hot['ratio']}x); spread over its "
+        f"{BENCH_SUB_ACCOUNTS} sub-accounts: {hot['hot_sub_accounts']['ok_rps']} "
+        f"payments/s ({hot['sub_accounts_ratio']}x; {hot['sub_accounts_used']} of them "
+        "took payments)"
     )
     purge = out["purge"]
     print(

@@ -31,6 +31,7 @@ FIGURES = {
     "purge_p99_ratio",
     "purge_keys_per_s",
     "hot_merchant_ratio",
+    "hot_merchant_sub_accounts_ratio",
     "rss_mb_web",
     "rss_mb_worker",
 }
@@ -56,3 +57,5 @@ def test_the_quick_benchmark_prints_every_figure(tmp_path):
     for name in FIGURES - {"double_executions", "lost_executions", "errors"}:
         assert result[name] > 0, name
     assert set(result["growth"]) == {"1000", "3000", "10000"}
+    # The sub-accounts' slice paid into merchant 0's eight sub-accounts.
+    assert result["hot_merchant"]["sub_accounts_used"] == 8
