@@ -25,16 +25,13 @@ def transfer_get(*, user: User, transfer_id: int) -> Transfer:
 
 
 def merchant_sub_accounts_to_sweep() -> QuerySet[Account]:
-    """The merchant sub-accounts holding money a sweep would move up."""
-    return Account.objects.filter(parent__isnull=False, balance__gt=0).order_by("pk")
-
-
-def entry_credited_account(*, entry_id: int) -> tuple[int, int | None] | None:
-    """The account a two-legged entry credited (its posting with a positive
-    amount), as (id, the id of the merchant account it sweeps into, if any):
-    where a payment's money landed."""
+    """The merchant sub-accounts holding money a sweep would move up: active ones
+    (money leaves only an active account) under a merchant account that is not
+    closed (a closed account takes no money)."""
     return (
-        Account.objects.filter(postings__entry_id=entry_id, postings__amount__gt=0)
-        .values_list("pk", "parent_id")
-        .first()
+        Account.objects.filter(
+            parent__isnull=False, balance__gt=0, status=Account.Status.ACTIVE
+        )
+        .exclude(parent__status=Account.Status.CLOSED)
+        .order_by("pk")
     )

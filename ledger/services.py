@@ -258,17 +258,18 @@ def merchant_credit_account(*, currency: str, spread_by: str) -> Account:
     sub-accounts, chosen by a hash of `spread_by` (the payment's ledger reference):
     concurrent payments then queue on N row locks instead of the merchant's one,
     and `merchant_sweep` moves what they collect up into the merchant's account.
-    Otherwise, or when staff closed that sub-account, the merchant's account
-    itself. Either way one lookup by code; a sub-account is created by the first
-    payment that lands on it.
+    Otherwise, or when that sub-account or the merchant's account is not active
+    (frozen or closed by staff), the merchant's account itself, which then takes
+    or refuses the payment as it always would. Either way one lookup by code; a
+    sub-account is created by the first payment that lands on it.
     """
     count = settings.MERCHANT_SUB_ACCOUNTS
     if count < 2:
         return merchant_account(currency=currency)
     code = merchant_sub_code(currency, zlib.crc32(spread_by.encode()) % count)
-    account = Account.objects.filter(code=code).first()
+    account = Account.objects.select_related("parent").filter(code=code).first()
     if account is None:
-        account, _ = Account.objects.get_or_create(
+        account, _ = Account.objects.select_related("parent").get_or_create(
             code=code,
             defaults={
                 "kind": Account.Kind.MERCHANT,
@@ -276,9 +277,11 @@ def merchant_credit_account(*, currency: str, spread_by: str) -> Account:
                 "parent": merchant_account(currency=currency),
             },
         )
-    if account.status == Account.Status.CLOSED:
+    parent = account.parent
+    if parent is None:  # pragma: no cover - sub-account codes are the ledger's own
         return merchant_account(currency=currency)
-    return account
+    active = Account.Status.ACTIVE
+    return account if account.status == parent.status == active else parent
 
 
 def sweep_reference(sub_account: Account) -> str:
@@ -286,6 +289,7 @@ def sweep_reference(sub_account: Account) -> str:
     return f"sweep:{sub_account.pk}:{sub_account.version}"
 
 
+@transaction.atomic(savepoint=False)
 def merchant_sweep(*, account_id: int) -> JournalEntry | None:
     """Move a merchant sub-account's whole balance up into its merchant's account,
     once; None when it holds nothing.
@@ -300,7 +304,11 @@ def merchant_sweep(*, account_id: int) -> JournalEntry | None:
     parent_id = Account.objects.values_list("parent_id", flat=True).get(pk=account_id)
     if parent_id is None:
         raise ValueError(f"account {account_id} is not a merchant sub-account")
-    rows = Account.objects.select_for_update().filter(pk__in=(account_id, parent_id))
+    # FOR NO KEY UPDATE, as the UPDATEs take: a row being swept still lets other
+    # transactions commit rows that point at it (a new sub-account, a posting).
+    rows = Account.objects.select_for_update(no_key=True).filter(
+        pk__in=(account_id, parent_id)
+    )
     sub = {row.pk: row for row in rows.order_by("pk")}[account_id]
     if sub.balance <= 0:
         return None
@@ -311,6 +319,70 @@ def merchant_sweep(*, account_id: int) -> JournalEntry | None:
         legs=[(sub.pk, -sub.balance), (parent_id, sub.balance)],
         params=entry_params("merchant_sweep", account=sub.code or str(sub.pk)),
         seen_versions={sub.pk: sub.version},
+    )
+
+
+@transaction.atomic(savepoint=False)
+def merchant_give_back(
+    *,
+    entry_id: int,
+    destination_id: int,
+    amount: int,
+    currency: str,
+    reference: str,
+    kind: str,
+    params: Mapping[str, str] | None = None,
+) -> JournalEntry:
+    """Move `amount` of what entry `entry_id` credited to the merchant (a payment)
+    on to `destination_id`, once per reference: a refund.
+
+    Credited to the merchant's account: from there. Credited to a sub-account:
+    from what the sub-account still has, and the rest from the merchant's account,
+    where sweeps moved it; one entry of up to three postings. The three rows are
+    locked first, in primary-key order as every service takes them, so the split is
+    taken from balances nobody moves meanwhile. A merchant account that is not
+    active gives nothing back from its sub-accounts either (`AccountNotActive`):
+    they are its money.
+    """
+    if amount <= 0:
+        raise ValueError("a refund moves a positive amount")
+    credited = (
+        Account.objects.filter(postings__entry_id=entry_id, postings__amount__gt=0)
+        .values_list("pk", "parent_id")
+        .first()
+    )
+    if credited is None:
+        raise ValueError(f"journal entry {entry_id} credited no account")
+    source_id, parent_id = credited
+    if parent_id is None:
+        return ledger_transfer(
+            source_id=source_id,
+            destination_id=destination_id,
+            amount=amount,
+            currency=currency,
+            reference=reference,
+            kind=kind,
+            params=params,
+        )
+    rows = Account.objects.select_for_update(no_key=True).filter(
+        pk__in=(source_id, parent_id, destination_id)
+    )
+    locked = {row.pk: row for row in rows.order_by("pk")}
+    sub, parent = locked[source_id], locked[parent_id]
+    from_sub = 0
+    if sub.status == parent.status == Account.Status.ACTIVE:
+        from_sub = max(0, min(sub.available, amount))
+    legs = [
+        (destination_id, amount),
+        (sub.pk, -from_sub),
+        (parent_id, from_sub - amount),
+    ]
+    return ledger_post(
+        reference=reference,
+        kind=kind,
+        currency=currency,
+        legs=[(account_id, moved) for account_id, moved in legs if moved],
+        params=params,
     )
 
 

@@ -19,9 +19,8 @@ from django.utils import timezone
 
 from idempotency.engine import Phases
 from idempotency.sql import DatabaseNow, insert_unless_exists
-from ledger.exceptions import AccountNotActive, HoldNotActive, InsufficientFunds
+from ledger.exceptions import HoldNotActive
 from ledger.models import JournalEntry
-from ledger.selectors import entry_credited_account
 from ledger.services import (
     external_account,
     hold_authorize,
@@ -29,8 +28,8 @@ from ledger.services import (
     hold_expire,
     hold_void,
     ledger_transfer,
-    merchant_account,
     merchant_credit_account,
+    merchant_give_back,
     wallet_get_or_create,
 )
 from ledger.texts import entry_params
@@ -424,11 +423,16 @@ def refund_reference(payment: Payment) -> str:
     return f"refund:{payment.pk}"
 
 
-def _refund_locked(*, order: Order, payment: Payment, reason: str) -> Refund:
+def _refund_locked(
+    *, order: Order, payment: Payment, reason: str, credited_id: int | None = None
+) -> Refund:
     """Move a succeeded payment's money back; the caller holds both row locks.
 
     `payment` may be succeeded only in memory (a late success being given back at
-    once): the save is conditional on the status the row had when it was read.
+    once, `credited_id` the account that transaction just credited, whose row it
+    holds: the money goes back from there): the save is conditional on the status
+    the row had when it was read. Otherwise the money comes from wherever the
+    payment's entry put it (`merchant_give_back`).
     """
     if payment.method == Payment.Method.BALANCE:
         destination = wallet_get_or_create(
@@ -437,35 +441,20 @@ def _refund_locked(*, order: Order, payment: Payment, reason: str) -> Refund:
     else:
         # Provider money goes back where it came from: out through the provider.
         destination = external_account(currency=payment.currency)
-
-    def give_back(source_id: int) -> JournalEntry:
-        return ledger_transfer(
-            source_id=source_id,
-            destination_id=destination.pk,
-            amount=payment.amount,
-            currency=payment.currency,
-            reference=refund_reference(payment),
-            kind=JournalEntry.Kind.REFUND,
-            params=entry_params("order_refund", order=order.merchant_order_no),
-        )
-
-    credited = (
-        entry_credited_account(entry_id=payment.journal_entry_id)
-        if payment.journal_entry_id is not None
-        else None
-    )
-    if credited is None:  # pragma: no cover - a succeeded payment has its entry
-        entry = give_back(merchant_account(currency=payment.currency).pk)
-    elif credited[1] is None:  # the merchant's own account
-        entry = give_back(credited[0])
-    else:
-        # A merchant sub-account took the payment: the money is there until a
-        # sweep moves it up to the merchant's account, then it is there.
-        try:
-            with transaction.atomic():  # rolled back to when the sweep came first
-                entry = give_back(credited[0])
-        except (InsufficientFunds, AccountNotActive):
-            entry = give_back(credited[1])
+    movement: dict[str, Any] = {
+        "destination_id": destination.pk,
+        "amount": payment.amount,
+        "currency": payment.currency,
+        "reference": refund_reference(payment),
+        "kind": JournalEntry.Kind.REFUND,
+        "params": entry_params("order_refund", order=order.merchant_order_no),
+    }
+    if credited_id is not None:
+        entry = ledger_transfer(source_id=credited_id, **movement)
+    elif payment.journal_entry_id is not None:
+        entry = merchant_give_back(entry_id=payment.journal_entry_id, **movement)
+    else:  # pragma: no cover - a succeeded payment has its entry
+        raise ValueError(f"payment {payment.pk} has no journal entry")
     try:
         with transaction.atomic():
             refund = Refund.objects.create(
@@ -566,7 +555,9 @@ def payment_settle(*, payment_id: int, provider_txn_id: str) -> Payment:
                 if order.status == Order.Status.AUTHORIZED
                 else "order_cancelled"
             )
-            _refund_locked(order=order, payment=payment, reason=reason)
+            _refund_locked(
+                order=order, payment=payment, reason=reason, credited_id=merchant.pk
+            )
             return payment
         payment.save()
         order_mark_paid(order_id=order.pk)

@@ -27,3 +27,6 @@ PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 CELERY_BROKER_URL = "memory://"
 CELERY_BROKER_TRANSPORT_OPTIONS = {}
 CELERY_TASK_ALWAYS_EAGER = False
+# One merchant account, whatever the environment says: the tests that spread
+# payments over sub-accounts set their own.
+MERCHANT_SUB_ACCOUNTS = 0

@@ -2,6 +2,8 @@
 merchant's N sub-accounts, a beat task sweeps them up into the merchant's account,
 refunds find the money wherever it is, and `check_ledger` counts it all."""
 
+import zlib
+
 import pytest
 from django.core import checks
 from django.db import transaction
@@ -17,13 +19,15 @@ from ledger.services import (
     merchant_sweep,
 )
 from ledger.tasks import sweep_merchant_sub_accounts
+from orders.models import Order
 from orders.services import order_cancel
-from payments.models import Payment, ProviderEvent
+from payments.models import Payment, ProviderEvent, Refund
 from payments.services import (
     payment_authorize_with_balance,
     payment_capture,
     payment_pay_with_balance,
     payment_refund,
+    payment_settle,
     provider_event_process,
 )
 from tests.conftest import run_in_threads
@@ -203,7 +207,7 @@ def test_a_frozen_sub_account_is_left_alone_and_the_others_swept(caplog):
     account_freeze(account_id=frozen.pk)
     assert sweep_merchant_sub_accounts() == len(others)
     assert in_subs() == balance(frozen) > 0
-    assert "not active" in caplog.text
+    assert "not active" not in caplog.text  # not tried: money leaves active ones
     with pytest.raises(AccountNotActive), transaction.atomic():
         merchant_sweep(account_id=frozen.pk)
     assert_ledger_ok()
@@ -304,4 +308,111 @@ def test_payments_that_would_land_on_a_closed_sub_account_credit_the_merchant():
     assert closed.pk not in landed
     assert balance(main) + in_subs() == 2400
     payment_refund(payment_id=payments[0].pk)  # wherever it landed
+    assert_ledger_ok()
+
+
+def orders_on_one_sub_account(user, amounts: list[int], number=None) -> list[Order]:
+    """Orders whose payments hash to one sub-account (`number`, or the first
+    order's); the others are cancelled."""
+    found: list[Order] = []
+    while len(found) < len(amounts):
+        order = place_order(user, amount=amounts[len(found)])
+        if number is None:
+            number = sub_number(order)
+        if sub_number(order) == number:
+            found.append(order)
+        else:
+            order_cancel(order_id=order.pk)
+    return found
+
+
+def sub_number(order: Order) -> int:
+    return zlib.crc32(f"payment:{order.pk}".encode()) % SUBS
+
+
+def merchant_money() -> int:
+    return sum(
+        Account.objects.filter(kind=Account.Kind.MERCHANT).values_list(
+            "balance", flat=True
+        )
+    )
+
+
+def test_a_refund_takes_what_the_sub_account_has_and_the_rest_from_the_merchant():
+    user, _, wallet = customer("split", balance=1100)
+    first, second, third = orders_on_one_sub_account(user, [500, 300, 300])
+    a = payment_pay_with_balance(order_id=first.pk)
+    sweep_merchant_sub_accounts()  # the merchant 500, the sub-account 0
+    b = payment_pay_with_balance(order_id=second.pk)
+    c = payment_pay_with_balance(order_id=third.pk)  # the sub-account 600
+    payment_refund(payment_id=a.pk)  # from the sub-account: 100 left there
+    payment_refund(payment_id=b.pk)  # 100 from there, 200 from the merchant
+    payment_refund(payment_id=c.pk)  # 300 from the merchant
+    assert (balance(wallet), merchant_money()) == (1100, 0)
+    split = Refund.objects.get(payment=b).journal_entry.postings
+    assert sorted(split.values_list("amount", flat=True)) == [-200, -100, 300]
+    assert_ledger_ok()
+
+
+def test_a_frozen_merchant_gives_nothing_back_from_its_sub_accounts():
+    user, _, wallet = customer("frozen-merchant", balance=1000)
+    payment = payment_pay_with_balance(order_id=place_order(user, amount=400).pk)
+    account_freeze(account_id=merchant_account(currency="CNY").pk)
+    with pytest.raises(AccountNotActive), transaction.atomic():
+        payment_refund(payment_id=payment.pk)
+    assert (balance(wallet), in_subs()) == (600, 400)
+    payment.refresh_from_db()
+    assert payment.status == Payment.Status.SUCCEEDED
+
+
+def test_a_closed_merchant_takes_no_payment_on_its_sub_accounts():
+    user, _, wallet = customer("closed-merchant", balance=1000)
+    account_close(account_id=merchant_account(currency="CNY").pk)
+    order = place_order(user, amount=400)
+    with pytest.raises(AccountNotActive), transaction.atomic():
+        payment_pay_with_balance(order_id=order.pk)
+    assert (balance(wallet), in_subs()) == (1000, 0)
+    assert sub_accounts() == [] or sweep_merchant_sub_accounts() == 0
+
+
+def test_payments_to_a_frozen_sub_account_go_to_the_merchant_and_no_sweep_tries_it(
+    caplog,
+):
+    user, _, _ = customer("frozen-sub", balance=2000)
+    (order,) = orders_on_one_sub_account(user, [100])
+    payment_pay_with_balance(order_id=order.pk)
+    (sub,) = sub_accounts()
+    account_freeze(account_id=sub.pk)
+    (later,) = orders_on_one_sub_account(user, [100], number=sub_number(order))
+    payment_pay_with_balance(order_id=later.pk)
+    main = merchant_account(currency="CNY")
+    assert (balance(sub), balance(main)) == (100, 100)
+    assert sweep_merchant_sub_accounts() == 0
+    assert "not active" not in caplog.text
+    assert_ledger_ok()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_late_provider_success_given_back_while_sweeps_run(on_postgres):
+    """The settlement credits a sub-account and gives the money back in the same
+    transaction, holding that row: sweeps of it wait, and nothing deadlocks."""
+    pay_orders(12)  # money on the sub-accounts for the sweeps to move meanwhile
+    user, _, _ = customer("late-race")
+    orders = [place_order(user, amount=800) for _ in range(6)]
+    payments = [pending_provider_payment(order) for order in orders]
+    for order in orders:
+        order_cancel(order_id=order.pk)  # every success comes in late
+
+    def work(i: int):
+        if i < 6:
+            with transaction.atomic(durable=True):
+                return payment_settle(
+                    payment_id=payments[i].pk, provider_txn_id=f"late-{i}"
+                ).status
+        return [sweep_merchant_sub_accounts() for _ in range(10)]
+
+    results = run_in_threads(9, work)
+    assert results[:6] == [Payment.Status.REFUNDED] * 6, results
+    assert not [r for r in results[6:] if isinstance(r, Exception)], results
+    assert merchant_money() == 1200
     assert_ledger_ok()
