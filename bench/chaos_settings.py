@@ -1,7 +1,8 @@
 """Settings for the processes of the load and chaos run (`bench/load.py`).
 
-The project's own settings, with beat's re-drives every few seconds instead of every
-minute so that a one-minute run sees them work, and a broker visibility timeout short
+The project's own settings, with beat's re-drives (and the merchant sub-accounts'
+sweep) every few seconds instead of every minute so that a one-minute run sees them
+work, and a broker visibility timeout short
 enough that a task held by a SIGKILLed Celery worker comes back within the run.
 Everything else (database, Redis, lease, provider) comes from the environment the
 runner sets.
@@ -14,6 +15,7 @@ for _name in (
     "idempotency-release-stuck",
     "payments-redrive-pending",
     "payments-redrive-inbox",
+    "ledger-sweep-merchant-sub-accounts",
 ):
     CELERY_BEAT_SCHEDULE[_name] = {**CELERY_BEAT_SCHEDULE[_name], "schedule": 5.0}
 

@@ -91,6 +91,9 @@ class ClusterStack(Stack):
             "REDIS_CLUSTER": "1",
             "CELERY_BROKER_URL": f"{RABBITMQ}/{self.vhost}",
             "LEDGER_DATA_DIR": str(self.data_dir),
+            # Several hosts pay one merchant: its credits spread over sub-accounts,
+            # swept by whichever beat acts, killed or not.
+            "MERCHANT_SUB_ACCOUNTS": "4",
         }
 
     # -- the hosts
@@ -374,6 +377,21 @@ def duplicate_order_numbers(dsn: str) -> int:
     return int(count)
 
 
+def merchant_sub_accounts(dsn: str) -> tuple[int, int]:
+    """How many merchant sub-accounts took payments, and how many sweeps moved
+    their money up (the verdict's merchant total counts both sides alike)."""
+    with psycopg.connect(dsn) as conn:
+        (paid,) = conn.execute(
+            "SELECT count(DISTINCT p.account_id) FROM ledger_posting p"
+            " JOIN ledger_account a ON a.id = p.account_id"
+            " WHERE a.parent_id IS NOT NULL AND p.amount > 0"
+        ).fetchone() or (0,)
+        (sweeps,) = conn.execute(
+            "SELECT count(*) FROM ledger_journalentry WHERE reference LIKE 'sweep:%'"
+        ).fetchone() or (0,)
+    return int(paid), int(sweeps)
+
+
 def options(argv: list[str] | None) -> argparse.Namespace:
     extra = argparse.ArgumentParser(add_help=False)
     extra.add_argument("--hosts", type=int, default=3)
@@ -422,6 +440,7 @@ def main(argv: list[str] | None = None) -> int:
         verdict = judge(load.intents, database_facts(dsn), opening)
         ledger = check_ledger(stack.env(), str(ROOT))
         duplicates = duplicate_order_numbers(dsn)
+        subs, sweeps = merchant_sub_accounts(dsn)
         primaries = len(stack.redis.primaries())
     finally:
         stack.close()
@@ -438,6 +457,8 @@ def main(argv: list[str] | None = None) -> int:
         "rabbitmq_restarts": stack.rabbit_restarts,
         "skewed_host_seconds": args.skew,
         "duplicate_order_numbers": duplicates,
+        "merchant_sub_accounts_paid": subs,
+        "merchant_sweeps": sweeps,
     }
     if duplicates:
         result["violations"].append(f"{duplicates} merchant order numbers minted twice")

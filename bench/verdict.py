@@ -245,7 +245,10 @@ def judge(
     if unknown_orders:
         violations.append(f"orders no agent started: {sorted(unknown_orders)[:5]}")
 
-    balances = {(kind, user): balance for kind, user, balance in facts["accounts"]}
+    # (every merchant account, sub-accounts included, is ("merchant", None))
+    balances: Counter = Counter()
+    for kind, user, balance in facts["accounts"]:
+        balances[kind, user] += balance
     drift = 0
     for customer, opened in opening.items():
         expected = opened - spent[customer] + received[customer]

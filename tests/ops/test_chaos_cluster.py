@@ -38,3 +38,7 @@ def test_the_short_cluster_chaos_run_ends_with_no_violation(tmp_path):
         result["kills_by_kind"]
     ), result["kills_by_kind"]
     assert result["intents"] > 0 and result["replays"] > 0
+    # Payments landed on the merchant's sub-accounts (MERCHANT_SUB_ACCOUNTS=4),
+    # and beat swept them while hosts died.
+    assert result["merchant_sub_accounts_paid"] >= 2
+    assert result["merchant_sweeps"] >= 1
