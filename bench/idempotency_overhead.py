@@ -471,10 +471,12 @@ def hot_merchant_run(
         32,
         pace,
     )
-    # (the sub-accounts' slice landed on them: merchant 0's that took money)
+    # (the sub-accounts' slice landed on them: merchant 0's that took payments,
+    # whether beat's sweep has moved the money up since or not)
     (used,) = conn.execute(
-        "SELECT count(*) FROM ledger_account WHERE parent_id IS NOT NULL"
-        " AND balance > 0 AND code LIKE 'merchant-cny-0-sub-%'"
+        "SELECT count(DISTINCT a.id) FROM ledger_account a"
+        " JOIN ledger_posting p ON p.account_id = a.id AND p.amount > 0"
+        " WHERE a.code LIKE 'merchant-cny-0-sub-%'"
     ).fetchone() or (0,)
     return {
         **figures,
