@@ -207,6 +207,23 @@ def merchant_sub_accounts_belong() -> list[str]:
     ]
 
 
+@warning_check
+def merchant_sub_accounts_follow_their_merchant() -> list[str]:
+    """A sub-account left active under a frozen or closed merchant (created by a
+    payment in the moment staff froze or closed the merchant): its money moves
+    only once staff freeze or close it too, or reopen the merchant."""
+    astray = (
+        Account.objects.filter(parent__isnull=False, status=Account.Status.ACTIVE)
+        .exclude(parent__status=Account.Status.ACTIVE)
+        .values_list("pk", "parent_id", "parent__status")
+    )
+    return [
+        f"merchant sub-account {pk} is active under merchant account {parent}, "
+        f"which is {status}"
+        for pk, parent, status in astray
+    ]
+
+
 def merchants() -> dict:
     """Each merchant account's money, its sub-accounts' included: what it has, and
     how much of that the sub-accounts hold until the next sweep."""

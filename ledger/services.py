@@ -609,6 +609,14 @@ def wallet_top_up(*, account_id: int, at_least: int) -> JournalEntry | None:
     )
 
 
+# The states of a merchant's sub-accounts that follow it through each edge.
+_SUB_ACCOUNTS_FOLLOW = {
+    "freeze": [Account.Status.ACTIVE],
+    "unfreeze": [Account.Status.FROZEN],
+    "close": [Account.Status.ACTIVE, Account.Status.FROZEN],
+}
+
+
 def _account_transition(
     account_id: int, name: str, seen_version: int | None
 ) -> Account:
@@ -621,7 +629,9 @@ def _account_transition(
     have (freezing a frozen account) raises `AccountTransitionRefused`.
     """
     with transaction.atomic(savepoint=False):
-        account = Account.objects.select_for_update().get(pk=account_id)
+        # FOR NO KEY UPDATE: the status is no key, and a transaction committing a
+        # row that points at this one (a new sub-account) must not wait on it.
+        account = Account.objects.select_for_update(no_key=True).get(pk=account_id)
         if seen_version is not None and account.version != seen_version:
             raise StaleVersion(account_id=account_id, version=account.version)
         try:
@@ -633,6 +643,15 @@ def _account_transition(
             ) from None
         account.version += 1
         account.save(update_fields=["status", "version"])
+        if account.kind == Account.Kind.MERCHANT and account.parent_id is None:
+            # A merchant's sub-accounts are its money: they take the same edge
+            # (the state machine's, from the states it allows), in this
+            # transaction. A payment already crediting one is waited for; one that
+            # comes after finds it frozen or closed, as it would have found the
+            # merchant's own row.
+            Account.objects.filter(
+                parent=account, status__in=_SUB_ACCOUNTS_FOLLOW[name]
+            ).update(status=account.status, version=F("version") + 1)
     return account
 
 

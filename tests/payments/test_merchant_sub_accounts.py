@@ -2,20 +2,25 @@
 merchant's N sub-accounts, a beat task sweeps them up into the merchant's account,
 refunds find the money wherever it is, and `check_ledger` counts it all."""
 
+import threading
+import time
 import zlib
 
 import pytest
 from django.core import checks
 from django.db import transaction
 
+import payments.services
 from ledger.exceptions import AccountNotActive
 from ledger.invariants import ledger_report
 from ledger.models import Account, JournalEntry
 from ledger.services import (
     account_close,
     account_freeze,
+    account_unfreeze,
     merchant_account,
     merchant_credit_account,
+    merchant_sub_code,
     merchant_sweep,
 )
 from ledger.tasks import sweep_merchant_sub_accounts
@@ -30,7 +35,7 @@ from payments.services import (
     payment_settle,
     provider_event_process,
 )
-from tests.conftest import run_in_threads
+from tests.conftest import Background, run_in_threads
 from tests.helpers import (
     balance,
     customer,
@@ -197,6 +202,10 @@ def test_a_late_provider_success_is_given_back_from_the_sub_account_it_hit():
     provider_event_process(event_id=ProviderEvent.objects.get().pk)
     payment.refresh_from_db()
     assert payment.status == Payment.Status.REFUNDED
+    (sub,) = sub_accounts()  # the success landed there, and went back from there
+    assert payment.journal_entry.postings.get(amount__gt=0).account_id == sub.pk
+    refund = Refund.objects.get(payment=payment).journal_entry.postings
+    assert refund.get(amount__lt=0).account_id == sub.pk
     assert in_subs() == 0 and balance(merchant_account(currency="CNY")) == 0
     assert_ledger_ok()
 
@@ -306,6 +315,13 @@ def test_payments_that_would_land_on_a_closed_sub_account_credit_the_merchant():
     main = merchant_account(currency="CNY")
     landed = {p.journal_entry.postings.get(amount__gt=0).account_id for p in payments}
     assert closed.pk not in landed
+    hashed_there = merchant_sub_code("CNY", int(closed.code.rsplit("-", 1)[1]))
+    assert any(  # some of them would have gone to the closed one
+        merchant_sub_code("CNY", zlib.crc32(p.journal_entry.reference.encode()) % SUBS)
+        == hashed_there
+        for p in payments
+    )
+    assert main.pk in landed
     assert balance(main) + in_subs() == 2400
     payment_refund(payment_id=payments[0].pk)  # wherever it landed
     assert_ledger_ok()
@@ -415,4 +431,89 @@ def test_a_late_provider_success_given_back_while_sweeps_run(on_postgres):
     assert results[:6] == [Payment.Status.REFUNDED] * 6, results
     assert not [r for r in results[6:] if isinstance(r, Exception)], results
     assert merchant_money() == 1200
+    assert_ledger_ok()
+
+
+def test_the_merchant_s_sub_accounts_follow_it_through_freeze_and_close():
+    pay_orders(12)
+    main = merchant_account(currency="CNY")
+    account_freeze(account_id=main.pk)
+    assert {sub.status for sub in sub_accounts()} == {Account.Status.FROZEN}
+    account_unfreeze(account_id=main.pk)
+    assert {sub.status for sub in sub_accounts()} == {Account.Status.ACTIVE}
+    account_close(account_id=main.pk)
+    assert {sub.status for sub in sub_accounts()} == {Account.Status.CLOSED}
+    assert ledger_report()["warnings"] == []
+
+
+def test_check_ledger_warns_of_a_sub_account_left_active_under_a_frozen_merchant():
+    pay_orders(1)
+    (sub,) = sub_accounts()
+    main = merchant_account(currency="CNY")
+    Account.objects.filter(pk=main.pk).update(status=Account.Status.FROZEN)
+    assert ledger_report()["warnings"] == [
+        f"merchant sub-account {sub.pk} is active under merchant account "
+        f"{main.pk}, which is frozen"
+    ]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_merchant_closed_after_the_sub_account_was_chosen_takes_nothing(
+    monkeypatch, on_postgres
+):
+    """Staff close the merchant between the payment's choice of a sub-account and
+    its credit: the close reaches the sub-account too, and the credit is refused
+    as the merchant's own row would have refused it."""
+    pay_orders(12)  # the sub-accounts exist
+    user, _, wallet = customer("race-close", balance=500)
+    main = merchant_account(currency="CNY")
+    order = place_order(user, amount=500)
+    chosen = payments.services.merchant_credit_account
+
+    def then_staff_close(**kwargs):
+        account = chosen(**kwargs)  # the sub-account and the merchant are active
+        closer = Background(lambda: account_close(account_id=main.pk))
+        closer.start()
+        assert not isinstance(closer.outcome(), Exception)
+        return account
+
+    monkeypatch.setattr(payments.services, "merchant_credit_account", then_staff_close)
+    with pytest.raises(AccountNotActive):
+        payment_pay_with_balance(order_id=order.pk)
+    assert balance(wallet) == 500
+    assert not Payment.objects.filter(order=order).exists()
+    assert_ledger_ok()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_refund_waiting_on_a_wallet_whose_payment_makes_a_sub_account(on_postgres):
+    """The payment from wallet W creates a sub-account (its COMMIT checks the key
+    of the merchant's row) while a refund to W holds the merchant's row and waits
+    for W: the refund's lock lets the key check through, and both finish."""
+    merchant_account(currency="CNY")  # the merchant's row before the wallet's
+    user, _, wallet = customer("probe", balance=5000)
+    (first,) = orders_on_one_sub_account(user, [100])
+    paid = payment_pay_with_balance(order_id=first.pk)
+    (fresh,) = orders_on_one_sub_account(
+        user, [100], number=(sub_number(first) + 1) % SUBS
+    )
+    paying, go = threading.Event(), threading.Event()
+
+    def pay():
+        with transaction.atomic():
+            payment = payment_pay_with_balance(order_id=fresh.pk)  # new sub-account
+            paying.set()
+            assert go.wait(10)
+        return payment
+
+    payer = Background(pay)
+    payer.start()
+    assert paying.wait(10)
+    refunder = Background(lambda: payment_refund(payment_id=paid.pk))
+    refunder.start()
+    time.sleep(0.5)  # the refund holds the merchant's row and waits for W
+    go.set()
+    results = (payer.outcome(), refunder.outcome())
+    assert not [r for r in results if isinstance(r, Exception)], results
+    assert balance(wallet) == 4900
     assert_ledger_ok()
