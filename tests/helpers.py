@@ -35,6 +35,7 @@ from tests.servers import free_port
 
 __all__ = [
     "Customer",
+    "assert_ledger_ok",
     "assert_problem",
     "assert_settled_once",
     "balance",
@@ -85,6 +86,13 @@ def place_order(user, *, amount: int = 1000, description: str = "Tea") -> Order:
 def balance(account: Account) -> int:
     account.refresh_from_db()
     return account.balance
+
+
+def assert_ledger_ok() -> dict:
+    """`check_ledger`'s invariants hold; the report, for a closer look."""
+    report = ledger_report()
+    assert report["ok"], report["violations"]
+    return report
 
 
 def assert_problem(response: Any, status: int, code: str) -> dict:

@@ -30,7 +30,13 @@ from payments.services import (
 )
 from payments.tasks import expire_holds
 from tests.conftest import run_in_threads
-from tests.helpers import assert_problem, customer, new_key, place_order
+from tests.helpers import (
+    assert_ledger_ok,
+    assert_problem,
+    customer,
+    new_key,
+    place_order,
+)
 
 pytestmark = pytest.mark.django_db
 
@@ -68,11 +74,6 @@ def merchant_balance() -> int:
 def order_status(order: Order) -> str:
     order.refresh_from_db()
     return order.status_name
-
-
-def assert_ledger_ok() -> None:
-    report = ledger_report()
-    assert report["ok"], report["violations"]
 
 
 def expire_now(payment_id: int) -> None:

@@ -37,6 +37,7 @@ from payments.services import (
 )
 from tests.conftest import Background, run_in_threads
 from tests.helpers import (
+    assert_ledger_ok,
     balance,
     customer,
     event_body,
@@ -62,12 +63,6 @@ def sub_accounts() -> list[Account]:
 
 def in_subs() -> int:
     return sum(sub.balance for sub in sub_accounts())
-
-
-def assert_ledger_ok() -> dict:
-    report = ledger_report()
-    assert report["ok"], report["violations"]
-    return report
 
 
 def pay_orders(
