@@ -19,7 +19,9 @@ import subprocess
 import time
 import uuid
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import httpx
 import psycopg
@@ -301,6 +303,36 @@ def test_every_flow_works_under_make_run(stack) -> None:
             assert answer.status_code == 302, answer.text
         assert browser.get("/account").status_code == 200
         assert browser.get("/admin/orders/order/").status_code == 200
+
+
+def test_provider_payments_at_once_outnumbering_the_web_s_threads(stack) -> None:
+    """Twelve provider payments at once, more than the web's 2 x 4 threads: each
+    waits for the provider simulator's answer, which comes from a process of its
+    own. (When the web also answered for the provider, every thread could be left
+    waiting on a provider call only a free thread could answer: payments failed
+    with 503 after the provider timeout, and the whole site stalled meanwhile.)"""
+    run, logins = stack
+    with api(run, logins["token"]) as client:
+        numbers = [new_order(client, 100) for _ in range(12)]
+
+    def pay(number: str) -> httpx.Response:
+        with api(run, logins["token"]) as client:
+            return client.post(
+                f"/api/v1/orders/{number}/pay",
+                headers={"Idempotency-Key": f"many-{number}"},
+                json={"method": "provider"},
+            )
+
+    with ThreadPoolExecutor(len(numbers)) as pool:
+        answers = list(pool.map(pay, numbers))
+    assert [a.status_code for a in answers] == [201] * len(numbers), [
+        (a.status_code, a.text[:200]) for a in answers
+    ]
+    assert {a.json()["status"] for a in answers} == {"pending"}
+    # The shopper still opens the pay page on the web's own port.
+    assert {urlsplit(a.json()["pay_url"]).netloc for a in answers} == {
+        urlsplit(run.url).netloc
+    }
 
 
 def test_the_readme_examples_run_as_pasted(stack) -> None:

@@ -26,6 +26,7 @@ from ledger.supervisor import (
 )
 
 DEVELOPMENT_SECRET = "dev-provider-secret"  # noqa: S105 - the embedded default
+PROVIDER = "provider"  # the Procfile's provider simulator
 
 
 class Command(BaseCommand):
@@ -49,8 +50,11 @@ class Command(BaseCommand):
         except DatabaseError as exc:
             raise CommandError(f"the database does not answer: {exc}") from exc
 
-        supervisor = Supervisor(read_procfile(Path(procfile)), child_env(port))
-        ready = Readiness(f"http://127.0.0.1:{port}")
+        processes = read_procfile(Path(procfile))
+        provider_port = free_port() if PROVIDER in processes else None
+        supervisor = Supervisor(processes, child_env(port, provider_port))
+        urls = [f"http://127.0.0.1:{p}" for p in (port, provider_port) if p]
+        ready = Readiness(urls)
         with terminal_foreground():
             supervisor.install_signals()
             supervisor.start()
@@ -118,12 +122,36 @@ def check_broker(url: str) -> None:
         ) from exc
 
 
-def child_env(port: int) -> dict[str, str]:
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def child_env(port: int, provider_port: int | None = None) -> dict[str, str]:
     """The stack's environment: one PORT for every process (the worker and beat
     build the provider's URLs from it) and one metrics folder, emptied now, that
-    every web and Celery process writes to so /metrics sums them."""
+    every web and Celery process writes to so /metrics sums them.
+
+    The provider simulator serves its charge API from a process of its own (the
+    Procfile's `provider`, on a free port), as a real provider would: a provider
+    payment's request waits for the provider's answer, and a web server that also
+    answered for the provider would, once every thread of it waited so, have none
+    left to answer with (each pay request then failed after the provider timeout,
+    and the whole site stalled meanwhile). Shoppers still open the pay page on the
+    web's port. A `PAYMENT_PROVIDER_URL` or `PROVIDER_PUBLIC_URL` of the caller's
+    wins.
+    """
     env = dict(os.environ)
     env["PORT"] = str(port)
+    if provider_port is not None:
+        env["PROVIDER_PORT"] = str(provider_port)
+        for name, value in (
+            ("PAYMENT_PROVIDER_URL", f"http://127.0.0.1:{provider_port}/provider"),
+            ("PROVIDER_PUBLIC_URL", f"http://127.0.0.1:{port}"),
+        ):
+            if not env.get(name):
+                env[name] = value
     env["PYTHONUNBUFFERED"] = "1"
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
     metrics = Path(env.get("PROMETHEUS_MULTIPROC_DIR") or settings.DATA_DIR / "metrics")
@@ -135,13 +163,14 @@ def child_env(port: int) -> dict[str, str]:
 
 
 class Readiness:
-    """The stack is ready once the web answers /healthz and the worker and beat said
-    they started (or, if they are slow to say so, after 90 s)."""
+    """The stack is ready once the web (and the provider simulator) answer /healthz
+    and the worker and beat said they started (or, if they are slow to say so,
+    after 90 s)."""
 
     SIGNS = {"worker": " ready.", "beat": "beat: Starting..."}
 
-    def __init__(self, url: str) -> None:
-        self.url = url
+    def __init__(self, urls: list[str]) -> None:
+        self.urls = urls
         self.web = self.announced = False
         self.started: set[str] = set()
         self.since = time.monotonic()
@@ -163,9 +192,13 @@ class Readiness:
     def _answers(self) -> bool:
         # httpx logs each request at INFO: not a line for the start-up output.
         logging.getLogger("httpx").setLevel(logging.WARNING)
+        return all(self._url_answers(url) for url in self.urls)
+
+    @staticmethod
+    def _url_answers(url: str) -> bool:
         for _ in range(50):
             try:
-                return httpx.get(f"{self.url}/healthz", timeout=1).status_code == 200
+                return httpx.get(f"{url}/healthz", timeout=1).status_code == 200
             except httpx.HTTPError:
                 time.sleep(0.1)
         return False
