@@ -321,7 +321,8 @@ CELERY_BEAT_SCHEDULE["orders-purge-expired-preorders"] = {
 }
 
 # Payments through the provider. Our side: where the provider (by default the bundled
-# simulator, served by this same app under /provider/) is reached, how long a provider
+# simulator under /provider/: `make run` serves it from a process of its own and sets
+# this, see ledger/management/commands/serve.py) is reached, how long a provider
 # payment may stay pending before beat asks the provider for its status, and how long
 # an order may stay unpaid before beat cancels it.
 _PORT = env("PORT", "8000")
