@@ -18,6 +18,7 @@ from ledger.exceptions import DomainError
 
 from . import services
 from .exceptions import OutOfStock
+from .fields import MAX_STOCK_MOVE
 from .models import Order, OrderItem, PreOrder, Product, StockMovement
 
 
@@ -160,8 +161,8 @@ class StockAdjustForm(forms.Form):
     token = forms.UUIDField(widget=forms.HiddenInput)
     quantity = forms.IntegerField(
         label=_("Units to add (negative to remove)"),
-        min_value=-(10**9),
-        max_value=10**9,
+        min_value=-MAX_STOCK_MOVE,
+        max_value=MAX_STOCK_MOVE,
     )
     note = forms.CharField(label=_("Why"), max_length=200)
 

@@ -14,11 +14,15 @@ from ledger.fields import (
 # An order placed with items: at most this many lines, each of at most this many units.
 MAX_ORDER_LINES = 50
 MAX_ITEM_QUANTITY = 1000
+# One stock movement of staff's (the admin's adjustment, the command's top-up): at most
+# this many units either way.
+MAX_STOCK_MOVE = 10**9
 
 __all__ = [
     "MAX_AMOUNT",
     "MAX_ITEM_QUANTITY",
     "MAX_ORDER_LINES",
+    "MAX_STOCK_MOVE",
     "CurrencyField",
     "StrictCharField",
     "StrictInputSerializer",

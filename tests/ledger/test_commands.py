@@ -2,8 +2,9 @@ import json
 from io import StringIO
 
 import pytest
+from django.contrib.auth import get_user_model
 from django.core.management import CommandError, call_command
-from django.db import connection
+from django.db import DatabaseError, connection
 from rest_framework.authtoken.models import Token
 
 from ledger.models import Account, JournalEntry
@@ -48,9 +49,24 @@ def test_create_customer_is_idempotent_and_tops_up_through_the_ledger():
     assert check_ledger()[0]["ok"]
 
 
-def test_create_customer_rejects_a_negative_balance():
-    with pytest.raises(CommandError):
-        call_command("create_customer", "bob", "--balance", "-1", stdout=StringIO())
+@pytest.mark.parametrize("balance", ["-1", str(10**15 + 1), str(2**63 - 1)])
+def test_create_customer_refuses_a_balance_out_of_range_and_creates_nothing(balance):
+    with pytest.raises(CommandError, match="--balance is 0 to"):
+        call_command("create_customer", "bob", "--balance", balance, stdout=StringIO())
+    assert not Account.objects.filter(owner__username="bob").exists()
+    assert not get_user_model().objects.filter(username="bob").exists()
+
+
+def test_create_customer_whose_top_up_fails_creates_nothing(monkeypatch):
+    def fails(**_):
+        raise DatabaseError("the deposit could not be written")
+
+    monkeypatch.setattr(
+        "ledger.management.commands.create_customer.wallet_top_up", fails
+    )
+    with pytest.raises(DatabaseError):
+        create_customer("erin", "--balance", "100")
+    assert not get_user_model().objects.filter(username="erin").exists()
 
 
 @pytest.mark.django_db(transaction=True)

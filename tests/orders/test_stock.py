@@ -264,6 +264,8 @@ def test_create_product_is_idempotent_and_tops_up():
     [
         ["X", "--name", "x", "--price", "0"],
         ["X", "--name", "x", "--price", "5", "--stock", "-1"],
+        ["X", "--name", "x", "--price", "5", "--stock", str(10**9 + 1)],
+        ["X", "--name", "x", "--price", "5", "--stock", "99999999999999999999"],
         ["X", "--name", "x", "--price", "5", "--currency", "ZZZ"],
         ["X" * 65, "--name", "x", "--price", "5"],
     ],

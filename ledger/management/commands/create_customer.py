@@ -2,7 +2,9 @@ import json
 
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
+from django.db import transaction
 
+from ledger.fields import MAX_AMOUNT
 from ledger.services import customer_get_or_create, wallet_top_up
 
 
@@ -19,12 +21,18 @@ class Command(BaseCommand):
         parser.add_argument("--password", default=None)
 
     def handle(self, *args, name: str, balance: int | None, password: str | None, **_):
-        if balance is not None and balance < 0:
-            raise CommandError("--balance is a non-negative number of minor units")
-        user, token, wallet = customer_get_or_create(
-            username=name, password=password, currency=settings.LEDGER_DEFAULT_CURRENCY
-        )
-        if balance:
-            wallet_top_up(account_id=wallet.pk, at_least=balance)
+        if balance is not None and not 0 <= balance <= MAX_AMOUNT:
+            raise CommandError(
+                f"--balance is 0 to {MAX_AMOUNT} minor units, not {balance}"
+            )
+        # The command is the entry point: the customer and its top-up, or nothing.
+        with transaction.atomic(durable=True):
+            user, token, wallet = customer_get_or_create(
+                username=name,
+                password=password,
+                currency=settings.LEDGER_DEFAULT_CURRENCY,
+            )
+            if balance:
+                wallet_top_up(account_id=wallet.pk, at_least=balance)
         line = {"username": user.get_username(), "token": token, "account": wallet.pk}
         self.stdout.write(json.dumps(line))

@@ -4,7 +4,7 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 from django.db import transaction
 
-from orders.fields import MAX_AMOUNT
+from orders.fields import MAX_AMOUNT, MAX_STOCK_MOVE
 from orders.models import SKU_MAX_LENGTH
 from orders.services import product_get_or_create, stock_top_up
 
@@ -36,8 +36,8 @@ class Command(BaseCommand):
             raise CommandError(f"a SKU is 1 to {SKU_MAX_LENGTH} printable characters")
         if not 0 < price <= MAX_AMOUNT:
             raise CommandError("--price is a positive number of minor units")
-        if stock is not None and stock < 0:
-            raise CommandError("--stock is a non-negative number of units")
+        if stock is not None and not 0 <= stock <= MAX_STOCK_MOVE:
+            raise CommandError(f"--stock is 0 to {MAX_STOCK_MOVE} units, not {stock}")
         try:
             with transaction.atomic(durable=True):  # the command is the entry point
                 product, _created = product_get_or_create(
