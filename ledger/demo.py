@@ -39,7 +39,8 @@ def demo_seed() -> dict[str, Any]:
     the admin, or find them again.
 
     Returns how to log in as each; the admin's password is random, made once and kept
-    in the data folder (`admin_password_file`) so every later run can show it again.
+    in the data folder (`password_file`) so every later run can show it again (None
+    when the admin's password is no longer that one).
     """
     currency = settings.LEDGER_DEFAULT_CURRENCY
     merchant_account(currency=currency)
@@ -68,10 +69,15 @@ def demo_seed() -> dict[str, Any]:
     }
 
 
-def _admin_password(stored: Path) -> str:
+def _admin_password(stored: Path) -> str | None:
+    """The admin's password as kept in `stored`; None when this database's admin
+    has another one (changed in the admin, or the data folder kept from a run on
+    another database): shown, it would not let anybody in."""
     User = get_user_model()
-    if stored.exists() and User.objects.filter(username="admin").exists():
-        return stored.read_text().strip()
+    admin = User.objects.filter(username="admin").first()
+    if stored.exists() and admin is not None:
+        password = stored.read_text().strip()
+        return password if admin.check_password(password) else None
     password = secrets.token_urlsafe(12)
     admin, _ = User.objects.get_or_create(
         username="admin", defaults={"is_staff": True, "is_superuser": True}

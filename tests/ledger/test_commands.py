@@ -95,3 +95,31 @@ def test_check_ledger_names_each_violation():
     assert not report["ok"] and error
     assert any(f"account {wallet.pk} balance 105" in v for v in report["violations"])
     assert any("sum to 5, not 0" in v for v in report["violations"])
+
+
+def test_the_admin_password_shown_is_one_that_lets_the_admin_in(settings, tmp_path):
+    from ledger.demo import demo_seed
+    from ledger.management.commands.serve import banner
+
+    settings.DATA_DIR = tmp_path / "first"
+    settings.DATA_DIR.mkdir()
+    first = demo_seed()["admin"]
+    assert (
+        get_user_model().objects.get(username="admin").check_password(first["password"])
+    )
+    assert demo_seed()["admin"]["password"] == first["password"]  # every run alike
+
+    # A data folder kept from a run on another database, or a password changed in
+    # the admin: the password kept is not this admin's, and is not shown.
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "admin-password").write_text("from-another-database")
+    settings.DATA_DIR = other
+    demo = demo_seed()
+    assert demo["admin"]["password"] is None
+    shown = banner(8000, demo)
+    assert "from-another-database" not in shown
+    assert "manage.py changepassword admin" in shown
+    assert (
+        get_user_model().objects.get(username="admin").check_password(first["password"])
+    )  # untouched

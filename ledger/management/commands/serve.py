@@ -204,6 +204,21 @@ class Readiness:
         return False
 
 
+def admin_lines(url: str, admin: dict[str, Any]) -> list[str]:
+    username, indent = admin["username"], " " * 14
+    login = f"  Admin       {url}/admin/   user {username}"
+    if admin["password"] is None:
+        return [
+            f"{login}, whose password is no longer the one kept in",
+            f"{indent}{admin['password_file']}; set a new one with:",
+            f"{indent}.venv/bin/python manage.py changepassword {username}",
+        ]
+    return [
+        f"{login} / {admin['password']}",
+        f"              (the admin password is kept in {admin['password_file']})",
+    ]
+
+
 def banner(port: int, demo: dict[str, Any]) -> str:
     url = f"http://127.0.0.1:{port}"
     customer, admin = demo["customer"], demo["admin"]
@@ -222,9 +237,7 @@ def banner(port: int, demo: dict[str, Any]) -> str:
             f"  API token   {customer['token']}",
             f"              curl {url}/api/v1/accounts/me"
             f' -H "Authorization: Token {customer["token"]}"',
-            f"  Admin       {url}/admin/   user {admin['username']}"
-            f" / {admin['password']}",
-            f"              (the admin password is kept in {admin['password_file']})",
+            *admin_lines(url, admin),
             f"  API docs    {url}/api/docs/",
             f"  Callback secret  {secret_line}",
             "  Ctrl-C stops everything.",
