@@ -467,10 +467,10 @@ def test_the_task_expires_holds_past_their_expiry_only():
     assert_ledger_ok()
 
 
-def test_expiry_is_on_beat_at_least_every_minute(settings):
+def test_expiry_is_on_beat_every_10_seconds(settings):
     entry = settings.CELERY_BEAT_SCHEDULE["payments-expire-holds"]
     assert entry["task"] == "payments.tasks.expire_holds"
-    assert entry["schedule"] <= 60
+    assert entry["schedule"] <= 10  # an expired hold counts in `held` until then
     assert settings.HOLD_TTL_SECONDS == 604800
 
 
