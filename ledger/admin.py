@@ -133,7 +133,13 @@ def refusal_message(exc: Exception) -> str:
 
 
 @admin.register(Account)
-class AccountAdmin(BackofficeMixin, admin.ModelAdmin):
+class AccountAdmin(BackofficeMixin, ReadOnlyAdmin):
+    """Accounts are made by the services (a customer's wallet, a currency's merchant
+    and outside world) and change only through entries and the actions below: no
+    add form, whose codes and currencies could shadow the ledger's own accounts, and
+    no Save, which would write back the balance the page read while payments moved
+    it."""
+
     # What staff look for first comes first: a phone shows the first columns.
     list_display = (
         "id",
@@ -162,16 +168,6 @@ class AccountAdmin(BackofficeMixin, admin.ModelAdmin):
 
     balance_money = money_column("balance", _("balance"))
     held_money = money_column("held", _("held"))
-
-    def has_delete_permission(self, request: HttpRequest, obj=None) -> bool:
-        return False
-
-    def get_readonly_fields(self, request: HttpRequest, obj=None):
-        # An account's identity is fixed once it exists; only its transitions
-        # (the actions) and ledger entries change it.
-        if obj is not None:
-            return ("owner", "code", "kind", "currency", *self.readonly_fields)
-        return self.readonly_fields
 
     @admin.action(description=_("Credit the customer (a deposit entry)"))
     def credit(self, request: HttpRequest, queryset: QuerySet) -> HttpResponse:

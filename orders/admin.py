@@ -82,6 +82,12 @@ class OrderAdmin(admin.ModelAdmin):
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False
 
+    def has_change_permission(self, request: HttpRequest, obj=None) -> bool:
+        # Nothing of an order is edited by hand: a Save would write back the row the
+        # page read, racing the payment that moves it (the state machine refused
+        # that with a 500). The actions are the way to change one.
+        return False
+
     def has_delete_permission(self, request: HttpRequest, obj=None) -> bool:
         return False
 
@@ -202,6 +208,16 @@ class ProductAdmin(admin.ModelAdmin):
 
     def has_delete_permission(self, request: HttpRequest, obj=None) -> bool:
         return False  # its movements and order lines keep naming it
+
+    def save_model(
+        self, request: HttpRequest, obj: Product, form: forms.ModelForm, change: bool
+    ) -> None:
+        if not change:
+            super().save_model(request, obj, form, change)
+        elif form.changed_data:
+            # Only what the form edits: a whole-row save would write back the stock
+            # this page read, undoing the orders taken since.
+            obj.save(update_fields=[*form.changed_data, "updated_at"])
 
     @admin.display(description=_("adjust stock"))
     def adjust_stock(self, product: Product) -> str:

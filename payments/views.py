@@ -10,6 +10,7 @@ import secrets
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
+from django.core.exceptions import BadRequest
 from django.db import transaction
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import render
@@ -117,8 +118,11 @@ def order_pay(request: HttpRequest, merchant_order_no: str) -> HttpResponse:
     button continues the same pending payment (the provider dedupes by order number).
     """
     order = order_get(owner=authenticated(request), merchant_order_no=merchant_order_no)
+    method = request.POST.get("method") or Payment.Method.BALANCE
+    if method not in (Payment.Method.BALANCE, Payment.Method.PROVIDER):
+        raise BadRequest("unknown payment method")  # only a crafted form sends one
     try:
-        if request.POST.get("method") == Payment.Method.PROVIDER:
+        if method == Payment.Method.PROVIDER:
             # This view is the entry point: each step is its own durable transaction.
             steps = Phases.unrecorded()
             payment = payment_pay_with_provider(

@@ -45,6 +45,23 @@ def test_money_is_shown_with_its_currency(admin_client):
         assert "¥940.03" in content, url
 
 
+def test_accounts_are_read_only_in_the_admin(admin_client):
+    """No add form (a code or currency of the ledger's own accounts, made by hand,
+    took payments meant for them) and no Save (it wrote back the balance the page
+    had read while payments moved it); the actions still work."""
+    _, _, wallet = customer("alice", balance=1000)
+    url = f"{ACCOUNTS}{wallet.pk}/change/"
+    page = admin_client.get(url)
+    assert page.status_code == 200 and b'name="_save"' not in page.content
+    assert admin_client.post(url, {"code": "merchant-cny"}).status_code == 403
+    form = {"code": "merchant-eur", "kind": "wallet", "currency": "EUR"}
+    assert admin_client.get(f"{ACCOUNTS}add/").status_code == 403
+    assert admin_client.post(f"{ACCOUNTS}add/", form).status_code == 403
+    assert not Account.objects.filter(code="merchant-eur").exists()
+    assert balance(wallet) == 1000
+    assert open_action(admin_client, ACCOUNTS, "credit", [wallet.pk]).status_code == 200
+
+
 def test_credit_deposits_once(admin_client):
     _, _, wallet = customer("alice", balance=1000)
     page = open_action(admin_client, ACCOUNTS, "credit", [wallet.pk])

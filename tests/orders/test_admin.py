@@ -107,6 +107,72 @@ def test_products_are_listed_with_stock_that_only_movements_change(staff):
     assert Product.objects.get(sku="MUG").stock == 0
 
 
+def test_an_order_page_has_no_save_and_a_posted_one_changes_nothing(staff):
+    user, _, _ = customer("alice", balance=10_000)
+    order = place_order(user)
+    url = f"/admin/orders/order/{order.pk}/change/"
+    assert b'name="_save"' not in staff.get(url).content
+    # (A Save racing the order's payment answered 500: ConcurrentTransition.)
+    assert staff.post(url, {"description": "edited", "_save": "1"}).status_code == 403
+    payment_pay_with_balance(order_id=order.pk)
+    assert staff.post(url, {"description": "edited", "_save": "1"}).status_code == 403
+    order.refresh_from_db()
+    assert order.status == Order.Status.PAID and order.description != "edited"
+
+
+def test_a_product_save_writes_only_what_its_form_edits(staff):
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from orders.services import product_get_or_create, stock_top_up
+
+    tea, _ = product_get_or_create(sku="TEA", name="Tea", price=100, currency="CNY")
+    stock_top_up(product_id=tea.pk, at_least=5)
+    change = f"/admin/orders/product/{tea.pk}/change/"
+    with CaptureQueriesContext(connection) as queries:
+        staff.post(change, {"name": "Green tea", "price": 120, "currency": "CNY"})
+    updates = [
+        q["sql"]
+        for q in queries.captured_queries
+        if q["sql"].startswith('UPDATE "orders_product"')
+    ]
+    # The stock the page read is never written back: a movement committed
+    # meanwhile (an order, a cancellation) would be undone.
+    assert len(updates) == 1 and '"stock"' not in updates[0], updates
+    tea.refresh_from_db()
+    assert (tea.name, tea.price, tea.stock) == ("Green tea", 120, 5)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_product_saves_racing_stock_movements_lose_none_of_them(admin_user):
+    from django.test import Client
+
+    from ledger.invariants import ledger_report
+    from orders.models import Product
+    from orders.services import product_get_or_create, stock_adjust, stock_top_up
+    from tests.conftest import run_in_threads
+
+    tea, _ = product_get_or_create(sku="TEA", name="Tea", price=100, currency="CNY")
+    stock_top_up(product_id=tea.pk, at_least=1000)
+    change = f"/admin/orders/product/{tea.pk}/change/"
+
+    def work(i: int) -> None:
+        if i % 2:
+            client = Client()
+            client.force_login(admin_user)
+            for n in range(5):
+                form = {"name": f"Tea {i}.{n}", "price": 100, "currency": "CNY"}
+                assert client.post(change, form).status_code == 302
+        else:
+            for n in range(5):
+                stock_adjust(product_id=tea.pk, quantity=-1, reference=f"r{i}.{n}")
+
+    assert run_in_threads(6, work) == [None] * 6
+    assert Product.objects.get(pk=tea.pk).stock == 1000 - 15
+    report = ledger_report()
+    assert report["ok"], report["violations"]
+
+
 def test_an_order_page_shows_its_items_and_its_payments(staff):
     from orders.services import (
         order_create,

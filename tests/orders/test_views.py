@@ -206,6 +206,16 @@ def test_pay_button_pays_once_and_says_so_the_second_time(client, shopper):
     assert Payment.objects.filter(order=order).count() == 1
 
 
+@pytest.mark.parametrize("method", ["bank", "PROVIDER", "x" * 300])
+def test_pay_with_a_method_the_page_does_not_offer_is_refused(client, shopper, method):
+    user, wallet = shopper
+    order = place_order(user, amount=2500)
+    answer = client.post(f"/orders/{order.merchant_order_no}/pay", {"method": method})
+    assert answer.status_code == 400
+    assert balance(wallet) == 10_000
+    assert not Payment.objects.filter(order=order).exists()
+
+
 def test_pay_without_enough_money_says_so(client):
     user, _, wallet = customer("poor", balance=100)
     client.force_login(user)
