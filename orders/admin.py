@@ -161,6 +161,14 @@ class PreOrderAdmin(admin.ModelAdmin):
         return False
 
 
+def _staff_note(request: HttpRequest, note: str) -> str:
+    """Who adjusted the stock, and why, as the movement's note: a username may be
+    150 characters and the reason 200, so the username gives way first."""
+    room = StockMovement._meta.get_field("note").max_length or 255
+    who = request.user.get_username()[: max(0, room - len(note) - 2)]
+    return f"{who}: {note}"[:room]
+
+
 class StockAdjustForm(forms.Form):
     # A one-time token made when the form is shown: it becomes the movement's
     # reference, so a second click (or a resubmitted page) moves nothing.
@@ -249,7 +257,7 @@ class ProductAdmin(admin.ModelAdmin):
                             product_id=product.pk,
                             quantity=data["quantity"],
                             reference=f"{product.pk}:{data['token']}",
-                            note=f"{request.user.get_username()}: {data['note']}",
+                            note=_staff_note(request, data["note"]),
                         )
                 except OutOfStock:
                     product.refresh_from_db(fields=["stock"])

@@ -120,6 +120,25 @@ def test_an_order_page_has_no_save_and_a_posted_one_changes_nothing(staff):
     assert order.status == Order.Status.PAID and order.description != "edited"
 
 
+def test_a_stock_adjustment_by_a_long_named_staff_member_keeps_the_reason(client):
+    from django.contrib.auth import get_user_model
+
+    from orders.models import StockMovement
+    from orders.services import product_get_or_create
+
+    long_name = "s" * 150  # as long as a username may be
+    staffer = get_user_model().objects.create_superuser(long_name, password="x")
+    client.force_login(staffer)
+    tea, _ = product_get_or_create(sku="TEA", name="Tea", price=100, currency="CNY")
+    url = f"/admin/orders/product/{tea.pk}/adjust-stock/"
+    token = client.get(url).context["form"].initial["token"]
+    reason = "r" * 200  # as long as the form takes
+    answer = client.post(url, {"token": str(token), "quantity": "3", "note": reason})
+    assert answer.status_code == 302  # (a 500 before: the note overflowed its column)
+    note = StockMovement.objects.get(kind="adjustment").note
+    assert note.endswith(f": {reason}") and note.startswith("s")
+
+
 def test_a_product_save_writes_only_what_its_form_edits(staff):
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
