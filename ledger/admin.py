@@ -93,15 +93,18 @@ class CreditForm(ActionForm):
         return int(self.cleaned_data["amount"] * MINOR_PER_MAJOR)
 
 
-class VersionsForm(forms.Form):
-    """The confirmation of a state change: the version of each account as shown, so
-    that the change applies only to the account the staff member saw."""
+class StatusesForm(forms.Form):
+    """The confirmation of a state change: the status of each account as shown, so
+    that the change applies only to an account still in the state the staff member
+    saw (money moving meanwhile does not count)."""
 
     def __init__(self, *args, accounts: list[Account], **kwargs) -> None:
         super().__init__(*args, **kwargs)
         for account in accounts:
-            self.fields[f"version_{account.pk}"] = forms.IntegerField(
-                widget=forms.HiddenInput, initial=account.version
+            self.fields[f"status_{account.pk}"] = forms.ChoiceField(
+                choices=Account.Status.choices,
+                widget=forms.HiddenInput,
+                initial=account.status,
             )
 
 
@@ -236,10 +239,10 @@ class AccountAdmin(BackofficeMixin, ReadOnlyAdmin):
     def _transition(
         self, request: HttpRequest, queryset: QuerySet, service, title
     ) -> HttpResponse:
-        """Show the accounts with their versions; apply the change to each account
-        only if it is still at the version shown (a second press finds it moved)."""
+        """Show the accounts with their statuses; apply the change to each account
+        only if it still has the status shown (a second press finds it changed)."""
         accounts = list(queryset.order_by("pk"))
-        form = VersionsForm(
+        form = StatusesForm(
             request.POST if request.method == "POST" else None, accounts=accounts
         )
         if not form.is_bound or not form.is_valid():
@@ -264,7 +267,7 @@ class AccountAdmin(BackofficeMixin, ReadOnlyAdmin):
                 with transaction.atomic(durable=True):  # this page is the entry point
                     changed = service(
                         account_id=account.pk,
-                        seen_version=form.cleaned_data[f"version_{account.pk}"],
+                        seen_status=form.cleaned_data[f"status_{account.pk}"],
                     )
             except StaleVersion:
                 self.message_user(

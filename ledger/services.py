@@ -617,22 +617,22 @@ _SUB_ACCOUNTS_FOLLOW = {
 }
 
 
-def _account_transition(
-    account_id: int, name: str, seen_version: int | None
-) -> Account:
+def _account_transition(account_id: int, name: str, seen_status: str | None) -> Account:
     """Take the transition `name` under the account's row lock, and bump its version.
 
-    `seen_version` is the version the caller showed its user (the admin's
-    confirmation page): if the account changed since, nothing happens and
-    `StaleVersion` is raised, so a second press of the same button, or two staff
-    members at once, change the account once. An edge the state machine does not
-    have (freezing a frozen account) raises `AccountTransitionRefused`.
+    `seen_status` is the status the caller showed its user (the admin's confirmation
+    page): if the account's status changed since, nothing happens and `StaleVersion`
+    is raised, so a second press of the same button, or two staff members at once,
+    change the account once. Money moving meanwhile does not stop it (every posting
+    bumps the version: an account in use, or being drained, could never be frozen
+    if the version had to hold still). An edge the state machine does not have
+    (freezing a frozen account) raises `AccountTransitionRefused`.
     """
     with transaction.atomic(savepoint=False):
         # FOR NO KEY UPDATE: the status is no key, and a transaction committing a
         # row that points at this one (a new sub-account) must not wait on it.
         account = Account.objects.select_for_update(no_key=True).get(pk=account_id)
-        if seen_version is not None and account.version != seen_version:
+        if seen_status is not None and account.status != seen_status:
             raise StaleVersion(account_id=account_id, version=account.version)
         try:
             getattr(account, name)()
@@ -655,19 +655,19 @@ def _account_transition(
     return account
 
 
-def account_freeze(*, account_id: int, seen_version: int | None = None) -> Account:
+def account_freeze(*, account_id: int, seen_status: str | None = None) -> Account:
     """Freeze an active account: money can arrive but no longer leave."""
-    return _account_transition(account_id, "freeze", seen_version)
+    return _account_transition(account_id, "freeze", seen_status)
 
 
-def account_unfreeze(*, account_id: int, seen_version: int | None = None) -> Account:
+def account_unfreeze(*, account_id: int, seen_status: str | None = None) -> Account:
     """Make a frozen account active again."""
-    return _account_transition(account_id, "unfreeze", seen_version)
+    return _account_transition(account_id, "unfreeze", seen_status)
 
 
-def account_close(*, account_id: int, seen_version: int | None = None) -> Account:
+def account_close(*, account_id: int, seen_status: str | None = None) -> Account:
     """Close an account for good; nothing moves in or out afterwards."""
-    return _account_transition(account_id, "close", seen_version)
+    return _account_transition(account_id, "close", seen_status)
 
 
 def account_credit(

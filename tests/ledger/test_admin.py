@@ -6,7 +6,12 @@ import pytest
 from django.db import connection
 
 from ledger.models import Account, JournalEntry
-from ledger.services import account_close, account_freeze, merchant_account
+from ledger.services import (
+    account_close,
+    account_freeze,
+    ledger_transfer,
+    merchant_account,
+)
 from tests.backoffice import apply_action, messages_of, open_action, staff, token_of
 from tests.conftest import run_in_threads
 from tests.helpers import balance, customer
@@ -169,25 +174,23 @@ def test_credit_page_in_chinese(admin_client):
     assert "金额" in content
 
 
-def freeze(client, account, version, action="freeze"):
+def freeze(client, account, status, action="freeze"):
     return apply_action(
-        client, ACCOUNTS, action, [account.pk], **{f"version_{account.pk}": version}
+        client, ACCOUNTS, action, [account.pk], **{f"status_{account.pk}": status}
     )
 
 
-def test_freeze_and_unfreeze_take_the_version_shown(admin_client):
+def test_freeze_and_unfreeze_take_the_status_shown(admin_client):
     _, _, wallet = customer("alice", balance=100)
     wallet.refresh_from_db()
     page = open_action(admin_client, ACCOUNTS, "freeze", [wallet.pk])
     assert page.status_code == 200
-    assert (
-        f'name="version_{wallet.pk}" value="{wallet.version}"' in page.content.decode()
-    )
-    response = freeze(admin_client, wallet, wallet.version)
+    assert f'name="status_{wallet.pk}" value="active"' in page.content.decode()
+    response = freeze(admin_client, wallet, "active")
     wallet.refresh_from_db()
     assert wallet.status == Account.Status.FROZEN
     assert any("now Frozen" in m for m in messages_of(response))
-    response = freeze(admin_client, wallet, wallet.version, action="unfreeze")
+    response = freeze(admin_client, wallet, "frozen", action="unfreeze")
     wallet.refresh_from_db()
     assert wallet.status == Account.Status.ACTIVE
     assert any("now Active" in m for m in messages_of(response))
@@ -198,8 +201,8 @@ def test_unfreeze_pressed_twice_unfreezes_once(admin_client):
     account_freeze(account_id=wallet.pk)
     wallet.refresh_from_db()
     seen = wallet.version
-    freeze(admin_client, wallet, seen, action="unfreeze")
-    again = freeze(admin_client, wallet, seen, action="unfreeze")
+    freeze(admin_client, wallet, "frozen", action="unfreeze")
+    again = freeze(admin_client, wallet, "frozen", action="unfreeze")
     wallet.refresh_from_db()
     assert (wallet.status, wallet.version) == (Account.Status.ACTIVE, seen + 1)
     assert any("changed since you looked" in m for m in messages_of(again))
@@ -209,13 +212,13 @@ def test_freeze_pressed_twice_freezes_once(admin_client):
     _, _, wallet = customer("alice")
     wallet.refresh_from_db()
     seen = wallet.version
-    freeze(admin_client, wallet, seen)
-    again = freeze(admin_client, wallet, seen)
+    freeze(admin_client, wallet, "active")
+    again = freeze(admin_client, wallet, "active")
     wallet.refresh_from_db()
     assert (wallet.status, wallet.version) == (Account.Status.FROZEN, seen + 1)
     assert any("changed since you looked" in m for m in messages_of(again))
-    # Freezing a frozen account, even at its current version, changes nothing.
-    third = freeze(admin_client, wallet, wallet.version)
+    # Freezing a frozen account, even one shown frozen, changes nothing.
+    third = freeze(admin_client, wallet, "frozen")
     wallet.refresh_from_db()
     assert wallet.version == seen + 1
     assert any("not changed" in m for m in messages_of(third))
@@ -227,7 +230,7 @@ def test_freeze_from_two_browsers_at_once_freezes_once(admin_user, on_postgres):
     wallet.refresh_from_db()
     seen = wallet.version
     results = run_in_threads(
-        2, lambda i: messages_of(freeze(staff(admin_user), wallet, seen))
+        2, lambda i: messages_of(freeze(staff(admin_user), wallet, "active"))
     )
     wallet.refresh_from_db()
     assert (wallet.status, wallet.version) == (Account.Status.FROZEN, seen + 1)
@@ -237,9 +240,29 @@ def test_freeze_from_two_browsers_at_once_freezes_once(admin_user, on_postgres):
     connection.close()
 
 
-def test_freeze_with_a_damaged_version_shows_the_page_again(admin_client):
+def test_freeze_applies_though_money_moved_since_the_page_was_shown(admin_client):
+    """Every posting bumps the version: an account in use (a merchant taking
+    payments, a wallet being drained) could never be frozen if that had to hold
+    still between the page and the press. Only its status has to."""
+    _, _, wallet = customer("alice", balance=100)
+    _, _, bob = customer("bob")
+    open_action(admin_client, ACCOUNTS, "freeze", [wallet.pk])
+    ledger_transfer(
+        source_id=wallet.pk,
+        destination_id=bob.pk,
+        amount=30,
+        currency="CNY",
+        reference="meanwhile",
+    )
+    response = freeze(admin_client, wallet, "active")
+    wallet.refresh_from_db()
+    assert wallet.status == Account.Status.FROZEN and wallet.balance == 70
+    assert any("now Frozen" in m for m in messages_of(response))
+
+
+def test_freeze_with_a_damaged_status_shows_the_page_again(admin_client):
     _, _, wallet = customer("alice")
-    response = freeze(admin_client, wallet, "not-a-number")
+    response = freeze(admin_client, wallet, "not-a-status")
     assert response.status_code == 400
     wallet.refresh_from_db()
     assert wallet.status == Account.Status.ACTIVE
