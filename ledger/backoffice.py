@@ -18,13 +18,14 @@ from typing import Any, TypeVar
 from urllib.parse import urlencode
 
 from django import forms
-from django.contrib import admin
+from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
 from django.db.models import Model, QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils.html import format_html
+from django.utils.translation import gettext
 from django.utils.translation import gettext_lazy as _
 
 from idempotency.calls import idempotent_call
@@ -137,6 +138,17 @@ class BackofficeMixin:
                 : self.MAX_OBJECTS
             ]
         )
+        selected = queryset.count()
+        if selected > self.MAX_OBJECTS:
+            self.message_user(  # type: ignore[attr-defined]
+                request,
+                gettext(
+                    "Only the first %(shown)s of the %(selected)s selected are on "
+                    "this page; run the action again for the rest."
+                )
+                % {"shown": self.MAX_OBJECTS, "selected": selected},
+                messages.WARNING,
+            )
         url = reverse(
             f"admin:{opts.app_label}_{opts.model_name}_backoffice", args=[action]
         )

@@ -67,6 +67,19 @@ def test_accounts_are_read_only_in_the_admin(admin_client):
     assert open_action(admin_client, ACCOUNTS, "credit", [wallet.pk]).status_code == 200
 
 
+def test_an_action_on_more_than_a_page_holds_says_so(admin_client, monkeypatch):
+    from ledger.admin import AccountAdmin
+
+    monkeypatch.setattr(AccountAdmin, "MAX_OBJECTS", 2)
+    wallets = [customer(name)[2] for name in ("alice", "bob", "carol")]
+    page = open_action(admin_client, ACCOUNTS, "freeze", [w.pk for w in wallets])
+    assert any(
+        "Only the first 2 of the 3 selected are on this page" in m
+        for m in messages_of(page)
+    ), messages_of(page)
+    assert f'name="status_{wallets[2].pk}"' not in page.content.decode()
+
+
 def test_credit_deposits_once(admin_client):
     _, _, wallet = customer("alice", balance=1000)
     page = open_action(admin_client, ACCOUNTS, "credit", [wallet.pk])
