@@ -94,17 +94,15 @@ class CreditForm(ActionForm):
 
 
 class StatusesForm(forms.Form):
-    """The confirmation of a state change: the status of each account as shown, so
-    that the change applies only to an account still in the state the staff member
-    saw (money moving meanwhile does not count)."""
+    """The confirmation of a state change: how many transitions each account had
+    taken as shown (`status_version`), so that the change applies only to an account
+    no transition touched since (money moving meanwhile does not count)."""
 
     def __init__(self, *args, accounts: list[Account], **kwargs) -> None:
         super().__init__(*args, **kwargs)
         for account in accounts:
-            self.fields[f"status_{account.pk}"] = forms.ChoiceField(
-                choices=Account.Status.choices,
-                widget=forms.HiddenInput,
-                initial=account.status,
+            self.fields[f"status_{account.pk}"] = forms.IntegerField(
+                widget=forms.HiddenInput, initial=account.status_version
             )
 
 
@@ -240,7 +238,7 @@ class AccountAdmin(BackofficeMixin, ReadOnlyAdmin):
         self, request: HttpRequest, queryset: QuerySet, service, title
     ) -> HttpResponse:
         """Show the accounts with their statuses; apply the change to each account
-        only if it still has the status shown (a second press finds it changed)."""
+        only if no transition touched it since (a second press finds it changed)."""
         accounts = list(queryset.order_by("pk"))
         form = StatusesForm(
             request.POST if request.method == "POST" else None, accounts=accounts
@@ -252,14 +250,7 @@ class AccountAdmin(BackofficeMixin, ReadOnlyAdmin):
                 title=title,
                 form=form,
                 button=gettext("Yes, I'm sure"),
-                rows=[
-                    (
-                        account,
-                        f"{account.get_status_display()}, "
-                        + gettext("version %(version)s") % {"version": account.version},
-                    )
-                    for account in accounts
-                ],
+                rows=[(account, account.get_status_display()) for account in accounts],
                 status=400 if form.is_bound else 200,
             )
         for account in accounts:
@@ -267,7 +258,7 @@ class AccountAdmin(BackofficeMixin, ReadOnlyAdmin):
                 with transaction.atomic(durable=True):  # this page is the entry point
                     changed = service(
                         account_id=account.pk,
-                        seen_status=form.cleaned_data[f"status_{account.pk}"],
+                        seen_status_version=form.cleaned_data[f"status_{account.pk}"],
                     )
             except StaleVersion:
                 self.message_user(

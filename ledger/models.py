@@ -55,6 +55,9 @@ class Account(models.Model):
     status = FSMField(
         _("status"), max_length=16, choices=Status.choices, default=Status.ACTIVE
     )
+    # How many transitions the status took (`version` counts every posting too): the
+    # admin's confirmation applies a transition only at the count it showed.
+    status_version = models.PositiveIntegerField(_("status version"), default=0)
     # A merchant's sub-account (MERCHANT_SUB_ACCOUNTS): payments credit it instead
     # of the merchant's own row, and `merchant_sweep` moves its balance up here.
     parent = models.ForeignKey(

@@ -617,23 +617,28 @@ _SUB_ACCOUNTS_FOLLOW = {
 }
 
 
-def _account_transition(account_id: int, name: str, seen_status: str | None) -> Account:
-    """Take the transition `name` under the account's row lock, and bump its version.
+def _account_transition(
+    account_id: int, name: str, seen_status_version: int | None
+) -> Account:
+    """Take the transition `name` under the account's row lock, and bump its
+    `version` and `status_version`.
 
-    `seen_status` is the status the caller showed its user (the admin's confirmation
-    page): if the account's status changed since, nothing happens and `StaleVersion`
-    is raised, so a second press of the same button, or two staff members at once,
-    change the account once. Money moving meanwhile does not stop it (every posting
-    bumps the version: an account in use, or being drained, could never be frozen
-    if the version had to hold still). An edge the state machine does not have
-    (freezing a frozen account) raises `AccountTransitionRefused`.
+    `seen_status_version` is the account's `status_version` as the caller showed it
+    to its user (the admin's confirmation page): if any transition happened since,
+    even one and back (frozen, then active again), nothing happens and
+    `StaleVersion` is raised, so a second press of the same button, or two staff
+    members at once, change the account once. Money moving meanwhile does not stop
+    it (every posting bumps `version`: an account in use, or being drained, could
+    never be frozen if that had to hold still). An edge the state machine does not
+    have (freezing a frozen account) raises `AccountTransitionRefused`.
     """
     with transaction.atomic(savepoint=False):
         # FOR NO KEY UPDATE: the status is no key, and a transaction committing a
         # row that points at this one (a new sub-account) must not wait on it.
         account = Account.objects.select_for_update(no_key=True).get(pk=account_id)
-        if seen_status is not None and account.status != seen_status:
-            raise StaleVersion(account_id=account_id, version=account.version)
+        seen = seen_status_version
+        if seen is not None and account.status_version != seen:
+            raise StaleVersion(account_id=account_id, version=account.status_version)
         try:
             getattr(account, name)()
         except TransitionNotAllowed:
@@ -642,7 +647,8 @@ def _account_transition(account_id: int, name: str, seen_status: str | None) -> 
                 status_now=account.status,
             ) from None
         account.version += 1
-        account.save(update_fields=["status", "version"])
+        account.status_version += 1
+        account.save(update_fields=["status", "version", "status_version"])
         if account.kind == Account.Kind.MERCHANT and account.parent_id is None:
             # A merchant's sub-accounts are its money: they take the same edge
             # (the state machine's, from the states it allows), in this
@@ -651,23 +657,33 @@ def _account_transition(account_id: int, name: str, seen_status: str | None) -> 
             # merchant's own row.
             Account.objects.filter(
                 parent=account, status__in=_SUB_ACCOUNTS_FOLLOW[name]
-            ).update(status=account.status, version=F("version") + 1)
+            ).update(
+                status=account.status,
+                version=F("version") + 1,
+                status_version=F("status_version") + 1,
+            )
     return account
 
 
-def account_freeze(*, account_id: int, seen_status: str | None = None) -> Account:
+def account_freeze(
+    *, account_id: int, seen_status_version: int | None = None
+) -> Account:
     """Freeze an active account: money can arrive but no longer leave."""
-    return _account_transition(account_id, "freeze", seen_status)
+    return _account_transition(account_id, "freeze", seen_status_version)
 
 
-def account_unfreeze(*, account_id: int, seen_status: str | None = None) -> Account:
+def account_unfreeze(
+    *, account_id: int, seen_status_version: int | None = None
+) -> Account:
     """Make a frozen account active again."""
-    return _account_transition(account_id, "unfreeze", seen_status)
+    return _account_transition(account_id, "unfreeze", seen_status_version)
 
 
-def account_close(*, account_id: int, seen_status: str | None = None) -> Account:
+def account_close(
+    *, account_id: int, seen_status_version: int | None = None
+) -> Account:
     """Close an account for good; nothing moves in or out afterwards."""
-    return _account_transition(account_id, "close", seen_status)
+    return _account_transition(account_id, "close", seen_status_version)
 
 
 def account_credit(

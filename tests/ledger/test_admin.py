@@ -9,6 +9,7 @@ from ledger.models import Account, JournalEntry
 from ledger.services import (
     account_close,
     account_freeze,
+    account_unfreeze,
     ledger_transfer,
     merchant_account,
 )
@@ -187,9 +188,11 @@ def test_credit_page_in_chinese(admin_client):
     assert "金额" in content
 
 
-def freeze(client, account, status, action="freeze"):
+def freeze(client, account, seen, action="freeze"):
+    """Press the confirmation as shown when the account had taken `seen`
+    transitions (its `status_version`)."""
     return apply_action(
-        client, ACCOUNTS, action, [account.pk], **{f"status_{account.pk}": status}
+        client, ACCOUNTS, action, [account.pk], **{f"status_{account.pk}": seen}
     )
 
 
@@ -198,12 +201,12 @@ def test_freeze_and_unfreeze_take_the_status_shown(admin_client):
     wallet.refresh_from_db()
     page = open_action(admin_client, ACCOUNTS, "freeze", [wallet.pk])
     assert page.status_code == 200
-    assert f'name="status_{wallet.pk}" value="active"' in page.content.decode()
-    response = freeze(admin_client, wallet, "active")
+    assert f'name="status_{wallet.pk}" value="0"' in page.content.decode()
+    response = freeze(admin_client, wallet, 0)
     wallet.refresh_from_db()
     assert wallet.status == Account.Status.FROZEN
     assert any("now Frozen" in m for m in messages_of(response))
-    response = freeze(admin_client, wallet, "frozen", action="unfreeze")
+    response = freeze(admin_client, wallet, 1, action="unfreeze")
     wallet.refresh_from_db()
     assert wallet.status == Account.Status.ACTIVE
     assert any("now Active" in m for m in messages_of(response))
@@ -214,8 +217,8 @@ def test_unfreeze_pressed_twice_unfreezes_once(admin_client):
     account_freeze(account_id=wallet.pk)
     wallet.refresh_from_db()
     seen = wallet.version
-    freeze(admin_client, wallet, "frozen", action="unfreeze")
-    again = freeze(admin_client, wallet, "frozen", action="unfreeze")
+    freeze(admin_client, wallet, 1, action="unfreeze")
+    again = freeze(admin_client, wallet, 1, action="unfreeze")
     wallet.refresh_from_db()
     assert (wallet.status, wallet.version) == (Account.Status.ACTIVE, seen + 1)
     assert any("changed since you looked" in m for m in messages_of(again))
@@ -225,13 +228,13 @@ def test_freeze_pressed_twice_freezes_once(admin_client):
     _, _, wallet = customer("alice")
     wallet.refresh_from_db()
     seen = wallet.version
-    freeze(admin_client, wallet, "active")
-    again = freeze(admin_client, wallet, "active")
+    freeze(admin_client, wallet, 0)
+    again = freeze(admin_client, wallet, 0)
     wallet.refresh_from_db()
     assert (wallet.status, wallet.version) == (Account.Status.FROZEN, seen + 1)
     assert any("changed since you looked" in m for m in messages_of(again))
     # Freezing a frozen account, even one shown frozen, changes nothing.
-    third = freeze(admin_client, wallet, "frozen")
+    third = freeze(admin_client, wallet, 1)
     wallet.refresh_from_db()
     assert wallet.version == seen + 1
     assert any("not changed" in m for m in messages_of(third))
@@ -243,7 +246,7 @@ def test_freeze_from_two_browsers_at_once_freezes_once(admin_user, on_postgres):
     wallet.refresh_from_db()
     seen = wallet.version
     results = run_in_threads(
-        2, lambda i: messages_of(freeze(staff(admin_user), wallet, "active"))
+        2, lambda i: messages_of(freeze(staff(admin_user), wallet, 0))
     )
     wallet.refresh_from_db()
     assert (wallet.status, wallet.version) == (Account.Status.FROZEN, seen + 1)
@@ -267,10 +270,27 @@ def test_freeze_applies_though_money_moved_since_the_page_was_shown(admin_client
         currency="CNY",
         reference="meanwhile",
     )
-    response = freeze(admin_client, wallet, "active")
+    response = freeze(admin_client, wallet, 0)
     wallet.refresh_from_db()
     assert wallet.status == Account.Status.FROZEN and wallet.balance == 70
     assert any("now Frozen" in m for m in messages_of(response))
+
+
+def test_a_confirmation_from_before_a_freeze_and_back_changes_nothing(admin_client):
+    """Staff A opens "Unfreeze" on a frozen wallet; B unfreezes it, then freezes it
+    again (fraud confirmed); A's press must not undo B's second decision."""
+    _, _, wallet = customer("alice", balance=100)
+    account_freeze(account_id=wallet.pk)
+    wallet.refresh_from_db()
+    page = open_action(admin_client, ACCOUNTS, "unfreeze", [wallet.pk])
+    seen = wallet.status_version
+    assert f'name="status_{wallet.pk}" value="{seen}"' in page.content.decode()
+    account_unfreeze(account_id=wallet.pk)
+    account_freeze(account_id=wallet.pk)
+    late = freeze(admin_client, wallet, seen, action="unfreeze")
+    wallet.refresh_from_db()
+    assert wallet.status == Account.Status.FROZEN
+    assert any("changed since you looked" in m for m in messages_of(late))
 
 
 def test_freeze_with_a_damaged_status_shows_the_page_again(admin_client):
