@@ -146,3 +146,22 @@ def test_the_stack_stops_when_what_started_serve_is_killed(tmp_path):
             time.sleep(0.2)
         assert not alive(stack), log.read_text()[-3000:]
         assert "stopping: SIGTERM to every process" in log.read_text()
+
+
+def test_the_provider_simulator_gets_a_port_of_its_own_unless_one_is_set(monkeypatch):
+    from ledger.management.commands.serve import child_env
+
+    for name in ("PAYMENT_PROVIDER_URL", "PROVIDER_PUBLIC_URL"):
+        monkeypatch.setenv(name, "")  # set to nothing counts as unset
+    env = child_env(8000, 41234)
+    assert env["PROVIDER_PORT"] == "41234"
+    assert env["PAYMENT_PROVIDER_URL"] == "http://127.0.0.1:41234/provider"
+    assert env["PROVIDER_PUBLIC_URL"] == "http://127.0.0.1:8000"  # the pay page
+    monkeypatch.setenv("PAYMENT_PROVIDER_URL", "https://provider.example/api")
+    assert child_env(8000, 41234)["PAYMENT_PROVIDER_URL"] == (
+        "https://provider.example/api"
+    )
+    monkeypatch.delenv("PAYMENT_PROVIDER_URL")
+    monkeypatch.delenv("PROVIDER_PUBLIC_URL")
+    bare = child_env(8000)  # a Procfile without the simulator: nothing set
+    assert "PROVIDER_PORT" not in bare and "PAYMENT_PROVIDER_URL" not in bare

@@ -51,7 +51,9 @@ class Command(BaseCommand):
             raise CommandError(f"the database does not answer: {exc}") from exc
 
         processes = read_procfile(Path(procfile))
-        provider_port = free_port() if PROVIDER in processes else None
+        provider_port = None
+        while PROVIDER in processes and provider_port in (None, port):
+            provider_port = free_port()  # (the web's port is free too, until it binds)
         supervisor = Supervisor(processes, child_env(port, provider_port))
         urls = [f"http://127.0.0.1:{p}" for p in (port, provider_port) if p]
         ready = Readiness(urls)
@@ -210,8 +212,8 @@ def admin_lines(url: str, admin: dict[str, Any]) -> list[str]:
     if admin["password"] is None:
         return [
             f"{login}, whose password is no longer the one kept in",
-            f"{indent}{admin['password_file']}; set a new one with:",
-            f"{indent}.venv/bin/python manage.py changepassword {username}",
+            f"{indent}{admin['password_file']}: delete that file and start again",
+            f"{indent}for a new password, shown here (or log in with yours).",
         ]
     return [
         f"{login} / {admin['password']}",
