@@ -170,7 +170,21 @@ class AccountAdmin(BackofficeMixin, ReadOnlyAdmin):
     balance_money = money_column("balance", _("balance"))
     held_money = money_column("held", _("held"))
 
-    @admin.action(description=_("Credit the customer (a deposit entry)"))
+    # Who may press what: a deposit is a journal entry; a transition changes the
+    # account. Staff who may only look at accounts see no action (nor its page).
+    def has_credit_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm("ledger.add_journalentry")
+
+    def has_transition_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm("ledger.change_account")
+
+    has_freeze_permission = has_transition_permission
+    has_unfreeze_permission = has_transition_permission
+    has_close_permission = has_transition_permission
+
+    @admin.action(
+        description=_("Credit the customer (a deposit entry)"), permissions=["credit"]
+    )
     def credit(self, request: HttpRequest, queryset: QuerySet) -> HttpResponse:
         return self.start_page(request, queryset, "credit")
 
@@ -286,7 +300,9 @@ class AccountAdmin(BackofficeMixin, ReadOnlyAdmin):
                 )
         return self.done()
 
-    @admin.action(description=_("Freeze (money may arrive, not leave)"))
+    @admin.action(
+        description=_("Freeze (money may arrive, not leave)"), permissions=["freeze"]
+    )
     def freeze(self, request: HttpRequest, queryset: QuerySet) -> HttpResponse:
         return self.start_page(request, queryset, "freeze")
 
@@ -298,7 +314,7 @@ class AccountAdmin(BackofficeMixin, ReadOnlyAdmin):
             gettext("Freeze these accounts?"),
         )
 
-    @admin.action(description=_("Unfreeze"))
+    @admin.action(description=_("Unfreeze"), permissions=["unfreeze"])
     def unfreeze(self, request: HttpRequest, queryset: QuerySet) -> HttpResponse:
         return self.start_page(request, queryset, "unfreeze")
 
@@ -310,7 +326,7 @@ class AccountAdmin(BackofficeMixin, ReadOnlyAdmin):
             gettext("Unfreeze these accounts?"),
         )
 
-    @admin.action(description=_("Close for good"))
+    @admin.action(description=_("Close for good"), permissions=["close"])
     def close(self, request: HttpRequest, queryset: QuerySet) -> HttpResponse:
         return self.start_page(request, queryset, "close")
 

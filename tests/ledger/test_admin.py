@@ -301,6 +301,33 @@ def test_freeze_with_a_damaged_status_shows_the_page_again(admin_client):
     assert wallet.status == Account.Status.ACTIVE
 
 
+def test_staff_who_may_only_look_at_accounts_can_press_nothing(client):
+    from django.contrib.auth import get_user_model
+    from django.contrib.auth.models import Permission
+
+    _, _, wallet = customer("alice", balance=100)
+    looker = get_user_model().objects.create_user("looker", is_staff=True)
+    looker.user_permissions.add(Permission.objects.get(codename="view_account"))
+    client.force_login(looker)
+    assert client.get(ACCOUNTS).status_code == 200
+    for action in ("credit", "freeze", "unfreeze", "close"):
+        url = f"{ACCOUNTS}backoffice/{action}/?ids={wallet.pk}&token={'a' * 32}"
+        assert client.get(url).status_code == 403, action
+        answer = client.post(
+            ACCOUNTS, {"action": action, "_selected_action": [wallet.pk]}
+        )
+        assert answer.status_code != 303, action  # no action page for them
+    wallet.refresh_from_db()
+    assert (wallet.status, wallet.balance) == (Account.Status.ACTIVE, 100)
+    # Allowed to change accounts: the transitions, not yet the credit.
+    looker.user_permissions.add(Permission.objects.get(codename="change_account"))
+    looker = get_user_model().objects.get(pk=looker.pk)  # (permissions are cached)
+    client.force_login(looker)
+    assert open_action(client, ACCOUNTS, "freeze", [wallet.pk]).status_code == 200
+    url = f"{ACCOUNTS}backoffice/credit/?ids={wallet.pk}&token={'a' * 32}"
+    assert client.get(url).status_code == 403
+
+
 def test_action_pages_need_staff_and_the_action(client, admin_client):
     _, _, wallet = customer("alice")
     url = f"{ACCOUNTS}backoffice/credit/?ids={wallet.pk}&token={'a' * 32}"
