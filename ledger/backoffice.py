@@ -132,14 +132,13 @@ class BackofficeMixin:
         self, request: HttpRequest, queryset: QuerySet, action: str
     ) -> HttpResponse:
         opts = self.model._meta  # type: ignore[attr-defined]
-        ids = ",".join(
-            str(pk)
-            for pk in queryset.order_by("pk").values_list("pk", flat=True)[
-                : self.MAX_OBJECTS
-            ]
+        # One more than a page: counting the whole selection only when it is over.
+        pks = list(
+            queryset.order_by("pk").values_list("pk", flat=True)[: self.MAX_OBJECTS + 1]
         )
-        selected = queryset.count()
-        if selected > self.MAX_OBJECTS:
+        ids = ",".join(str(pk) for pk in pks[: self.MAX_OBJECTS])
+        if len(pks) > self.MAX_OBJECTS:
+            selected = queryset.count()
             self.message_user(  # type: ignore[attr-defined]
                 request,
                 gettext(

@@ -131,9 +131,9 @@ def free_port() -> int:
 
 
 def child_env(port: int, provider_port: int | None = None) -> dict[str, str]:
-    """The stack's environment: one PORT for every process (the worker and beat
-    build the provider's URLs from it) and one metrics folder, emptied now, that
-    every web and Celery process writes to so /metrics sums them.
+    """The stack's environment: one PORT for every process (the provider simulator
+    builds its callbacks' URL and the pay page's from it) and one metrics folder,
+    emptied now, that every web and Celery process writes to so /metrics sums them.
 
     The provider simulator serves its charge API from a process of its own (the
     Procfile's `provider`, on a free port), as a real provider would: a provider
@@ -217,7 +217,7 @@ def admin_lines(url: str, admin: dict[str, Any]) -> list[str]:
         ]
     return [
         f"{login} / {admin['password']}",
-        f"              (the admin password is kept in {admin['password_file']})",
+        f"{indent}(the admin password is kept in {admin['password_file']})",
     ]
 
 
