@@ -19,7 +19,12 @@ from .backoffice import (
     money_column,
     once,
 )
-from .exceptions import AccountTransitionRefused, DomainError, StaleVersion
+from .exceptions import (
+    AccountNotEmpty,
+    AccountTransitionRefused,
+    DomainError,
+    StaleVersion,
+)
 from .models import (
     Account,
     Hold,
@@ -284,6 +289,20 @@ class AccountAdmin(BackofficeMixin, ReadOnlyAdmin):
                     % {"account": account},
                     messages.WARNING,
                 )
+            except AccountNotEmpty as refused:
+                self.message_user(
+                    request,
+                    gettext(
+                        "%(account)s not closed: account %(id)s holds %(money)s, and "
+                        "only an account that holds nothing can be closed."
+                    )
+                    % {
+                        "account": account,
+                        "id": refused.account_id,
+                        "money": refused.money,
+                    },
+                    messages.WARNING,
+                )
             except AccountTransitionRefused:
                 self.message_user(
                     request,
@@ -326,7 +345,9 @@ class AccountAdmin(BackofficeMixin, ReadOnlyAdmin):
             gettext("Unfreeze these accounts?"),
         )
 
-    @admin.action(description=_("Close for good"), permissions=["close"])
+    @admin.action(
+        description=_("Close for good (only an empty account)"), permissions=["close"]
+    )
     def close(self, request: HttpRequest, queryset: QuerySet) -> HttpResponse:
         return self.start_page(request, queryset, "close")
 

@@ -97,6 +97,20 @@ class AccountTransitionRefused(DomainError):
     default_detail = "The account's state has no such transition."
 
 
+class AccountNotEmpty(DomainError):
+    """Closing an account that still holds money (or reserves it for a hold): once
+    closed, nothing could move it out again."""
+
+    status = 409
+    code = "account_not_empty"
+    title = "Account not empty"
+    default_detail = "Only an account that holds no money can be closed."
+
+    def __init__(self, detail: str, *, account_id: int, money: str, **extra) -> None:
+        self.account_id, self.money = account_id, money  # for a translated message
+        super().__init__(detail, account_id=account_id, **extra)
+
+
 class NotAWallet(DomainError):
     status = 422
     code = "not_a_wallet"

@@ -224,6 +224,22 @@ def merchant_sub_accounts_follow_their_merchant() -> list[str]:
     ]
 
 
+@warning_check
+def closed_accounts_hold_nothing() -> list[str]:
+    """A closed account that holds money (closed before closing asked for an empty
+    account, or a sub-account a payment made in the moment its merchant closed):
+    that money can no longer move, and staff must decide what becomes of it."""
+    stuck = (
+        Account.objects.filter(status=Account.Status.CLOSED)
+        .exclude(balance=0, held=0)
+        .values_list("pk", "balance", "held", "currency")
+    )
+    return [
+        f"account {pk} is closed but holds {balance} {currency} ({held} on hold)"
+        for pk, balance, held, currency in stuck
+    ]
+
+
 def merchants() -> dict:
     """Each merchant account's money, its sub-accounts' included: what it has, and
     how much of that the sub-accounts hold until the next sweep."""

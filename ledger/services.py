@@ -31,6 +31,7 @@ from idempotency.sql import insert_many, insert_unless_exists
 
 from .exceptions import (
     AccountNotActive,
+    AccountNotEmpty,
     AccountNotFound,
     AccountTransitionRefused,
     CurrencyMismatch,
@@ -54,6 +55,7 @@ from .models import (
     Transfer,
     TransferBatch,
 )
+from .money import format_money
 from .texts import entry_english, entry_params
 
 Leg = tuple[int, int]  # (account id, signed amount in minor units)
@@ -639,6 +641,8 @@ def _account_transition(
         seen = seen_status_version
         if seen is not None and account.status_version != seen:
             raise StaleVersion(account_id=account_id, version=account.status_version)
+        if name == "close":
+            _refuse_unless_empty(account)
         try:
             getattr(account, name)()
         except TransitionNotAllowed:
@@ -663,6 +667,30 @@ def _account_transition(
                 status_version=F("status_version") + 1,
             )
     return account
+
+
+def _refuse_unless_empty(account: Account) -> None:
+    """Raise `AccountNotEmpty` if the account, or a sub-account of it, holds or
+    reserves money: closed, it would keep that money for good (nothing leaves a
+    closed account). The sub-accounts are locked first, unfiltered, so a payment
+    crediting one now is waited for and its money seen (a filter on the balance
+    would pass over a row whose credit has not committed yet)."""
+    rows = [account]
+    if account.kind == Account.Kind.MERCHANT and account.parent_id is None:
+        rows += Account.objects.select_for_update(no_key=True).filter(parent=account)
+    for row in rows:
+        if row.balance or row.held:
+            money = format_money(row.balance, row.currency)
+            if row.held:
+                money += f" ({format_money(row.held, row.currency)} on hold)"
+            raise AccountNotEmpty(
+                f"Account {row.pk} holds {money}; only an account that holds "
+                "nothing can be closed.",
+                account_id=row.pk,
+                money=money,
+                balance=row.balance,
+                held=row.held,
+            )
 
 
 def account_freeze(

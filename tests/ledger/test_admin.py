@@ -293,6 +293,27 @@ def test_a_confirmation_from_before_a_freeze_and_back_changes_nothing(admin_clie
     assert any("changed since you looked" in m for m in messages_of(late))
 
 
+def test_close_takes_only_an_empty_account_and_says_why_not(admin_client):
+    _, _, alice = customer("alice", balance=150)
+    _, _, bob = customer("bob")
+    response = freeze(admin_client, alice, 0, action="close")
+    alice.refresh_from_db()
+    assert alice.status == Account.Status.ACTIVE
+    shown = messages_of(response)
+    assert any(f"account {alice.pk} holds ¥1.50" in m for m in shown), shown
+    response = freeze(admin_client, bob, 0, action="close")
+    bob.refresh_from_db()
+    assert bob.status == Account.Status.CLOSED
+    assert any("now Closed" in m for m in messages_of(response))
+
+
+def test_close_refused_in_chinese(admin_client):
+    _, _, alice = customer("alice", balance=150)
+    admin_client.defaults["HTTP_ACCEPT_LANGUAGE"] = "zh-hans"
+    response = freeze(admin_client, alice, 0, action="close")
+    assert any(f"账户 {alice.pk} 仍有 ¥1.50" in m for m in messages_of(response))
+
+
 def test_freeze_with_a_damaged_status_shows_the_page_again(admin_client):
     _, _, wallet = customer("alice")
     response = freeze(admin_client, wallet, "not-a-status")

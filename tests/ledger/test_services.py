@@ -1,11 +1,14 @@
 import random
+from datetime import timedelta
 
 import pytest
 from django.db import connection, transaction
 from django.db.utils import DatabaseError
+from django.utils import timezone
 
 from ledger.exceptions import (
     AccountNotActive,
+    AccountNotEmpty,
     CurrencyMismatch,
     InsufficientFunds,
     ReferenceConflict,
@@ -14,7 +17,10 @@ from ledger.exceptions import (
 from ledger.invariants import ledger_report
 from ledger.models import Account, JournalEntry, Posting
 from ledger.services import (
+    account_close,
     account_freeze,
+    hold_authorize,
+    hold_void,
     ledger_deposit,
     ledger_post,
     ledger_transfer,
@@ -104,6 +110,66 @@ def test_money_leaves_only_an_active_account():
     transfer(bob, alice, 10, "in")  # a frozen account may still receive
     alice.refresh_from_db()
     assert alice.balance == 110
+
+
+def test_only_an_account_that_holds_nothing_closes():
+    """Nothing leaves a closed account: closing one that holds money, or reserves
+    it for a hold, would keep that money there for good."""
+    alice, bob = funded_wallet(100), funded_wallet(0)
+    with pytest.raises(AccountNotEmpty, match=r"holds ¥1\.00;"), transaction.atomic():
+        account_close(account_id=alice.pk)
+    hold = hold_authorize(
+        account_id=alice.pk,
+        amount=40,
+        reference="hold",
+        expires_at=timezone.now() + timedelta(hours=1),
+    )
+    on_hold = r"¥1\.00 \(¥0\.40 on hold\)"
+    with pytest.raises(AccountNotEmpty, match=on_hold), transaction.atomic():
+        account_close(account_id=alice.pk)
+    alice.refresh_from_db()
+    assert (alice.status, alice.status_version) == (Account.Status.ACTIVE, 0)
+    hold_void(hold_id=hold.pk)
+    transfer(alice, bob, 100, "empty it")
+    assert account_close(account_id=alice.pk).status == Account.Status.CLOSED
+    with pytest.raises(AccountNotActive), transaction.atomic():
+        transfer(bob, alice, 10, "into a closed account")
+    report = ledger_report()
+    assert report["ok"] and report["warnings"] == []
+
+
+def test_check_ledger_warns_of_a_closed_account_that_holds_money():
+    """Accounts closed before closing asked for an empty account."""
+    alice = funded_wallet(100)
+    Account.objects.filter(pk=alice.pk).update(status=Account.Status.CLOSED)
+    assert ledger_report()["warnings"] == [
+        f"account {alice.pk} is closed but holds 100 CNY (0 on hold)"
+    ]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_close_racing_credits_never_leaves_money_in_a_closed_account(on_postgres):
+    """Credits from three threads while a fourth closes the empty account: the
+    close either comes first (and every credit is refused) or sees money and is
+    refused; never a closed account that holds money."""
+    source = funded_wallet(10**6)
+    for round_ in range(5):
+        target = funded_wallet(0)
+
+        def work(i: int, target=target, round_=round_):
+            if i == 3:
+                return account_close(account_id=target.pk).status
+            transfer(source, target, 1, f"race:{round_}:{i}")
+            return "credited"
+
+        results = run_in_threads(4, work)
+        target.refresh_from_db()
+        closed = target.status == Account.Status.CLOSED
+        assert not (closed and target.balance), (results, target.balance)
+        credited = sum(r == "credited" for r in results)
+        assert target.balance == credited
+    report = ledger_report()
+    assert report["ok"] and report["warnings"] == [], report
 
 
 def test_currency_mismatch_is_refused():

@@ -9,15 +9,17 @@ import zlib
 import pytest
 from django.core import checks
 from django.db import transaction
+from django.db.models import Q
 
 import payments.services
-from ledger.exceptions import AccountNotActive
+from ledger.exceptions import AccountNotActive, AccountNotEmpty
 from ledger.invariants import ledger_report
 from ledger.models import Account, JournalEntry
 from ledger.services import (
     account_close,
     account_freeze,
     account_unfreeze,
+    ledger_transfer,
     merchant_account,
     merchant_credit_account,
     merchant_sub_code,
@@ -39,12 +41,14 @@ from tests.conftest import Background, run_in_threads
 from tests.helpers import (
     assert_ledger_ok,
     balance,
+    blocked_on_lock,
     customer,
     event_body,
     new_key,
     pending_provider_payment,
     place_order,
     post_callback,
+    wait_for,
 )
 
 pytestmark = pytest.mark.django_db
@@ -74,6 +78,13 @@ def pay_orders(
         for _ in range(count)
     ]
     return wallet, payments
+
+
+def refund_all(payments: list[Payment]) -> None:
+    """Give every payment back: the merchant and its sub-accounts hold nothing."""
+    for payment in payments:
+        payment_refund(payment_id=payment.pk)
+    assert (balance(merchant_account(currency="CNY")), in_subs()) == (0, 0)
 
 
 def test_payments_land_on_sub_accounts_and_check_ledger_counts_them():
@@ -430,15 +441,60 @@ def test_a_late_provider_success_given_back_while_sweeps_run(on_postgres):
 
 
 def test_the_merchant_s_sub_accounts_follow_it_through_freeze_and_close():
-    pay_orders(12)
+    _, payments = pay_orders(12)
     main = merchant_account(currency="CNY")
     account_freeze(account_id=main.pk)
     assert {sub.status for sub in sub_accounts()} == {Account.Status.FROZEN}
     account_unfreeze(account_id=main.pk)
     assert {sub.status for sub in sub_accounts()} == {Account.Status.ACTIVE}
+    refund_all(payments)  # only an empty merchant closes
     account_close(account_id=main.pk)
     assert {sub.status for sub in sub_accounts()} == {Account.Status.CLOSED}
     assert ledger_report()["warnings"] == []
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_merchant_does_not_close_over_a_credit_in_flight_on_a_sub_account(
+    on_postgres,
+):
+    """A credit to a sub-account of an empty merchant has not committed when staff
+    close the merchant: the close waits for it, sees the money and refuses, instead
+    of closing a sub-account that would then keep that money for good."""
+    _, made = pay_orders(12)
+    refund_all(made)
+    main, sub = merchant_account(currency="CNY"), sub_accounts()[0]
+    _, _, wallet = customer("in-flight", balance=100)
+    credited, go = threading.Event(), threading.Event()
+
+    def credit() -> None:
+        with transaction.atomic():
+            ledger_transfer(
+                source_id=wallet.pk,
+                destination_id=sub.pk,
+                amount=100,
+                currency="CNY",
+                reference="in-flight",
+            )
+            credited.set()
+            go.wait(30)
+
+    payer = Background(credit)
+    payer.start()
+    assert credited.wait(30)
+    closer = Background(lambda: account_close(account_id=main.pk))
+    closer.start()
+    wait_for(blocked_on_lock, 30, "the close waiting for the credit")
+    go.set()
+    assert payer.outcome() is None
+    refused = closer.outcome()
+    assert isinstance(refused, AccountNotEmpty), refused
+    assert refused.account_id == sub.pk
+    statuses = {
+        a.status for a in Account.objects.filter(Q(pk=main.pk) | Q(parent=main))
+    }
+    assert statuses == {Account.Status.ACTIVE}
+    assert balance(sub) == 100
+    assert_ledger_ok()
 
 
 def test_check_ledger_warns_of_a_sub_account_left_active_under_a_frozen_merchant():
@@ -459,7 +515,8 @@ def test_a_merchant_closed_after_the_sub_account_was_chosen_takes_nothing(
     """Staff close the merchant between the payment's choice of a sub-account and
     its credit: the close reaches the sub-account too, and the credit is refused
     as the merchant's own row would have refused it."""
-    pay_orders(12)  # the sub-accounts exist
+    _, made = pay_orders(12)  # the sub-accounts exist
+    refund_all(made)  # and hold nothing, so that the merchant may close
     user, _, wallet = customer("race-close", balance=500)
     main = merchant_account(currency="CNY")
     order = place_order(user, amount=500)
