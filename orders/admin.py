@@ -1,4 +1,6 @@
 import uuid
+from decimal import Decimal
+from typing import Any
 
 from django import forms
 from django.contrib import admin, messages
@@ -18,14 +20,18 @@ from ledger.exceptions import DomainError
 
 from . import services
 from .exceptions import OutOfStock
-from .fields import MAX_STOCK_MOVE
+from .fields import MAX_AMOUNT, MAX_STOCK_MOVE
+from .forms import MINOR_PER_MAJOR, major_units
 from .models import Order, OrderItem, PreOrder, Product, StockMovement
 
 
 class OrderItemInline(admin.TabularInline):
     model = OrderItem
-    fields = ("sku", "name", "quantity", "price")
+    fields = ("sku", "name", "quantity", "price_money")
     readonly_fields = fields
+    price_money = money_column(
+        "price", _("unit price"), currency=lambda item: item.order.currency
+    )
     extra = 0
     can_delete = False
 
@@ -188,6 +194,17 @@ class StockAdjustForm(forms.Form):
 
 
 class ProductForm(forms.ModelForm):
+    # Staff type a price as the shop shows it (12.50), not in minor units.
+    price = forms.DecimalField(
+        label=_("price"),
+        min_value=Decimal("0.01"),
+        max_value=Decimal(MAX_AMOUNT) / MINOR_PER_MAJOR,
+        max_digits=15,
+        decimal_places=2,
+        widget=forms.NumberInput(
+            attrs={"step": "0.01", "min": "0.01", "inputmode": "decimal"}
+        ),
+    )
     currency = forms.ChoiceField(
         choices=[(code, code) for code in SUPPORTED_CURRENCIES]
     )
@@ -196,6 +213,14 @@ class ProductForm(forms.ModelForm):
         model = Product
         fields = ("sku", "name", "price", "currency")
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if self.instance.pk is not None:
+            self.initial["price"] = major_units(self.instance.price)
+
+    def clean_price(self) -> int:
+        return int(self.cleaned_data["price"] * MINOR_PER_MAJOR)
+
 
 @admin.register(Product)
 class ProductAdmin(admin.ModelAdmin):
@@ -203,10 +228,11 @@ class ProductAdmin(admin.ModelAdmin):
     through stock movements (the "Adjust stock" page, orders, their cancellations)."""
 
     form = ProductForm
-    list_display = ("sku", "name", "price", "currency", "stock", "updated_at")
+    list_display = ("sku", "name", "price_money", "currency", "stock", "updated_at")
     list_filter = ("currency",)
     search_fields = ("sku", "name")
     readonly_fields = ("stock", "adjust_stock", "created_at", "updated_at")
+    price_money = money_column("price", _("price"))
 
     def get_readonly_fields(self, request: HttpRequest, obj=None) -> tuple:
         if obj is None:

@@ -75,7 +75,7 @@ def test_products_are_listed_with_stock_that_only_movements_change(staff):
     change = f"/admin/orders/product/{tea.pk}/change/"
     assert staff.get(change).status_code == 200
     staff.post(
-        change, {"name": "Green tea", "price": 100, "currency": "CNY", "stock": 99}
+        change, {"name": "Green tea", "price": "1.00", "currency": "CNY", "stock": 99}
     )
     tea.refresh_from_db()
     assert (tea.name, tea.stock) == ("Green tea", 5)
@@ -102,7 +102,7 @@ def test_products_are_listed_with_stock_that_only_movements_change(staff):
     # a new product starts with no stock whatever is posted
     staff.post(
         "/admin/orders/product/add/",
-        {"sku": "MUG", "name": "Mug", "price": 450, "currency": "CNY", "stock": 7},
+        {"sku": "MUG", "name": "Mug", "price": "4.50", "currency": "CNY", "stock": 7},
     )
     assert Product.objects.get(sku="MUG").stock == 0
 
@@ -139,6 +139,26 @@ def test_a_stock_adjustment_by_a_long_named_staff_member_keeps_the_reason(client
     assert note.endswith(f": {reason}") and note.startswith("s")
 
 
+def test_staff_type_prices_as_the_shop_shows_them(staff):
+    from orders.models import Product
+
+    add = "/admin/orders/product/add/"
+    mug = {"sku": "MUG", "name": "Mug", "price": "12.50", "currency": "CNY"}
+    assert staff.post(add, mug).status_code == 302
+    assert Product.objects.get(sku="MUG").price == 1250
+    assert "¥12.50" in staff.get("/admin/orders/product/").content.decode()
+    change = f"/admin/orders/product/{Product.objects.get(sku='MUG').pk}/change/"
+    assert 'value="12.50"' in staff.get(change).content.decode()
+    for price in ("0", "-1", "12.345", "1e30", "10000000000000.01", "tea", ""):
+        response = staff.post(add, {**mug, "sku": "BAD", "price": price})
+        assert response.status_code == 200, price
+        assert "price" in response.context["adminform"].form.errors, price
+        response = staff.post(change, {**mug, "price": price})
+        assert response.status_code == 200, price
+    assert not Product.objects.filter(sku="BAD").exists()
+    assert Product.objects.get(sku="MUG").price == 1250
+
+
 def test_a_product_save_writes_only_what_its_form_edits(staff):
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
@@ -149,7 +169,7 @@ def test_a_product_save_writes_only_what_its_form_edits(staff):
     stock_top_up(product_id=tea.pk, at_least=5)
     change = f"/admin/orders/product/{tea.pk}/change/"
     with CaptureQueriesContext(connection) as queries:
-        staff.post(change, {"name": "Green tea", "price": 120, "currency": "CNY"})
+        staff.post(change, {"name": "Green tea", "price": "1.20", "currency": "CNY"})
     updates = [
         q["sql"]
         for q in queries.captured_queries
@@ -180,7 +200,7 @@ def test_product_saves_racing_stock_movements_lose_none_of_them(admin_user):
             client = Client()
             client.force_login(admin_user)
             for n in range(5):
-                form = {"name": f"Tea {i}.{n}", "price": 100, "currency": "CNY"}
+                form = {"name": f"Tea {i}.{n}", "price": "1.00", "currency": "CNY"}
                 assert client.post(change, form).status_code == 302
         else:
             for n in range(5):
