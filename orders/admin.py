@@ -318,7 +318,9 @@ class ProductAdmin(admin.ModelAdmin):
             "title": _("Adjust stock"),
         }
         template = "admin/orders/product/adjust_stock.html"
-        return TemplateResponse(request, template, context)
+        # Refused input answers 400, as every back-office form that takes input.
+        status = 400 if form.is_bound else 200
+        return TemplateResponse(request, template, context, status=status)
 
 
 @admin.register(StockMovement)
