@@ -15,6 +15,7 @@ from . import services
 from .backoffice import (
     ActionForm,
     BackofficeMixin,
+    ServerFilledForm,
     action_page,
     money_column,
     once,
@@ -98,7 +99,7 @@ class CreditForm(ActionForm):
         return int(self.cleaned_data["amount"] * MINOR_PER_MAJOR)
 
 
-class StatusesForm(forms.Form):
+class StatusesForm(ServerFilledForm):
     """The confirmation of a state change: how many transitions each account had
     taken as shown (`status_version`), so that the change applies only to an account
     no transition touched since (money moving meanwhile does not count)."""
@@ -223,7 +224,13 @@ class AccountAdmin(BackofficeMixin, ReadOnlyAdmin):
                     action="credit",
                     token=token,
                     target=account.pk,
-                    data={"amount": amount, "description": description},
+                    # What staff typed, not the default text in their language:
+                    # the same form pressed again after a language switch is the
+                    # same operation.
+                    data={
+                        "amount": amount,
+                        "description": form.cleaned_data["description"],
+                    },
                     fn=credit,
                 )
             except Exception as exc:

@@ -61,7 +61,26 @@ def one_time_token() -> str:
     return uuid.uuid4().hex
 
 
-class ActionForm(forms.Form):
+DAMAGED = _("This form is damaged; open it again.")
+
+
+class ServerFilledForm(forms.Form):
+    """A form some of whose fields only the server fills (hidden: a one-time token,
+    what the page showed). An error in one means the page was garbled or tampered
+    with: staff are told so once, above the form, instead of nowhere (a hidden
+    field shows no error of its own)."""
+
+    def clean(self) -> dict[str, Any]:
+        super().clean()
+        damaged = [f.name for f in self.hidden_fields() if f.name in self.errors]
+        if damaged:
+            for name in damaged:
+                del self.errors[name]
+            raise forms.ValidationError(DAMAGED, code="damaged")
+        return self.cleaned_data
+
+
+class ActionForm(ServerFilledForm):
     """The form of an admin action that takes input. `token` is issued when the form
     is first shown and names this one intended operation."""
 
@@ -70,7 +89,7 @@ class ActionForm(forms.Form):
     def clean_token(self) -> str:
         token = self.cleaned_data["token"]
         if not TOKEN.match(token):
-            raise forms.ValidationError(_("This form is damaged; open it again."))
+            raise forms.ValidationError(DAMAGED)
         return token
 
 

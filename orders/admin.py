@@ -14,7 +14,7 @@ from django.utils.html import format_html
 from django.utils.translation import gettext, ngettext
 from django.utils.translation import gettext_lazy as _
 
-from ledger.backoffice import money_column
+from ledger.backoffice import ServerFilledForm, money_column
 from ledger.currencies import SUPPORTED_CURRENCIES
 from ledger.exceptions import DomainError
 
@@ -175,7 +175,7 @@ def _staff_note(request: HttpRequest, note: str) -> str:
     return f"{who}: {note}"[:room]
 
 
-class StockAdjustForm(forms.Form):
+class StockAdjustForm(ServerFilledForm):
     # A one-time token made when the form is shown: it becomes the movement's
     # reference, so a second click (or a resubmitted page) moves nothing.
     token = forms.UUIDField(widget=forms.HiddenInput)

@@ -108,6 +108,14 @@ def test_credit_pressed_twice_or_resubmitted_credits_once(admin_client):
     assert balance(wallet) == 1250
     assert credits(wallet) == 1
     assert any("done once" in m for m in messages_of(again)), messages_of(again)
+    # Resubmitted after switching the admin's language: the same operation still.
+    admin_client.defaults["HTTP_ACCEPT_LANGUAGE"] = "zh-hans"
+    switched = credit(admin_client, wallet, token)
+    del admin_client.defaults["HTTP_ACCEPT_LANGUAGE"]
+    assert credits(wallet) == 1 and balance(wallet) == 1250
+    assert any("只执行了一次" in m for m in messages_of(switched)), messages_of(
+        switched
+    )
     # Back, change the amount, submit the same form again: refused, nothing moves.
     changed = credit(admin_client, wallet, token, amount="99")
     assert balance(wallet) == 1250
@@ -152,6 +160,7 @@ def test_credit_refuses_a_damaged_token(admin_client):
     _, _, wallet = customer("alice")
     response = credit(admin_client, wallet, "../../etc/passwd")
     assert response.status_code == 400
+    assert "This form is damaged; open it again." in response.content.decode()
     assert balance(wallet) == 0
 
 
@@ -318,6 +327,7 @@ def test_freeze_with_a_damaged_status_shows_the_page_again(admin_client):
     _, _, wallet = customer("alice")
     response = freeze(admin_client, wallet, "not-a-status")
     assert response.status_code == 400
+    assert "This form is damaged; open it again." in response.content.decode()
     wallet.refresh_from_db()
     assert wallet.status == Account.Status.ACTIVE
 
