@@ -34,6 +34,13 @@ REFUSALS.update(
     payment_not_refundable=_(
         "Only a succeeded payment can be refunded; nothing was done."
     ),
+    payment_not_capturable=_(
+        "Only an authorized payment whose hold has not expired can be captured; "
+        "nothing was done."
+    ),
+    payment_not_voidable=_(
+        "Only an authorized payment can be voided; nothing was done."
+    ),
 )
 
 
@@ -183,14 +190,14 @@ class PaymentAdmin(BackofficeMixin, ReadOnlyAdmin):
         description=_("Capture authorized payments (in full)"), permissions=["capture"]
     )
     def capture(self, request: HttpRequest, queryset: QuerySet) -> None:
-        self._each(request, queryset, payment_capture, gettext("captured"))
+        self._each(request, queryset, payment_capture, gettext("Captured"))
 
     @admin.action(
         description=_("Void authorized payments (release the hold)"),
         permissions=["void"],
     )
     def void(self, request: HttpRequest, queryset: QuerySet) -> None:
-        self._each(request, queryset, payment_void, gettext("voided"))
+        self._each(request, queryset, payment_void, gettext("Voided"))
 
     def _each(
         self,
@@ -199,13 +206,13 @@ class PaymentAdmin(BackofficeMixin, ReadOnlyAdmin):
         service: Callable[..., object],
         done: str,
     ) -> None:
-        outcomes = {done: 0, gettext("skipped"): 0}
+        made = skipped = 0
         for pk in queryset.order_by("pk").values_list("pk", flat=True):
             try:
                 with transaction.atomic(durable=True):  # the admin is the entry point
                     service(payment_id=pk)
             except DomainError as exc:
-                outcomes[gettext("skipped")] += 1
+                skipped += 1
                 self.message_user(
                     request,
                     gettext("Payment %(id)s: %(why)s")
@@ -213,9 +220,13 @@ class PaymentAdmin(BackofficeMixin, ReadOnlyAdmin):
                     messages.WARNING,
                 )
             else:
-                outcomes[done] += 1
-        summary = ", ".join(f"{n} {outcome}" for outcome, n in outcomes.items())
-        self.message_user(request, f"{summary}.", messages.INFO)
+                made += 1
+        self.message_user(
+            request,
+            gettext("%(done)s: %(made)d, skipped: %(skipped)d.")
+            % {"done": done, "made": made, "skipped": skipped},
+            messages.INFO,
+        )
 
 
 @admin.register(Refund)

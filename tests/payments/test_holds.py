@@ -675,15 +675,20 @@ def test_the_admin_captures_and_voids_once_per_click(admin_client):
     captured_order, to_capture = authorize(user, 1000)
     voided_order, to_void = authorize(user, 700)
     assert _admin_action(admin_client, "capture", to_capture.pk) == [
-        "1 captured, 0 skipped."
+        "Captured: 1, skipped: 0."
     ]
     messages = _admin_action(admin_client, "capture", to_capture.pk)  # a second click
-    assert messages[-1] == "0 captured, 1 skipped."
-    assert "only an authorized payment can be captured" in messages[0]
+    assert messages[-1] == "Captured: 0, skipped: 1."
+    assert "Only an authorized payment whose hold has not expired" in messages[0]
     assert _admin_action(admin_client, "void", to_void.pk, to_capture.pk)[-1] == (
-        "1 voided, 1 skipped."
+        "Voided: 1, skipped: 1."
     )
-    assert _admin_action(admin_client, "void", to_void.pk)[-1] == "0 voided, 1 skipped."
+    admin_client.defaults["HTTP_ACCEPT_LANGUAGE"] = "zh-hans"
+    messages = _admin_action(admin_client, "void", to_void.pk)
+    assert messages == [
+        f"支付 {to_void.pk}：只有已授权的付款才能撤销，未做任何操作。",
+        "已撤销：0，已跳过：1。",
+    ], messages
     assert money(wallet) == (4000, 0, 4000)
     assert merchant_balance() == 1000
     assert (order_status(captured_order), order_status(voided_order)) == (
