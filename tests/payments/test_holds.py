@@ -685,9 +685,9 @@ def test_the_admin_captures_and_voids_once_per_click(admin_client):
     )
     admin_client.defaults["HTTP_ACCEPT_LANGUAGE"] = "zh-hans"
     messages = _admin_action(admin_client, "void", to_void.pk)
-    assert messages == [
-        f"支付 {to_void.pk}：只有已授权的付款才能撤销，未做任何操作。",
-        "已撤销：0，已跳过：1。",
+    assert messages == [  # (full-width punctuation, as Chinese writes it)
+        f"支付 {to_void.pk}：只有已授权的付款才能撤销，未做任何操作。",  # noqa: RUF001
+        "已撤销：0，已跳过：1。",  # noqa: RUF001
     ], messages
     assert money(wallet) == (4000, 0, 4000)
     assert merchant_balance() == 1000
