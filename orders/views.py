@@ -144,7 +144,12 @@ def order_new(request: HttpRequest) -> HttpResponse:
                     _("Not enough %(sku)s left; nothing was ordered.")
                     % {"sku": exc.extra["sku"]},
                 )
-            except (ProductUnknown, ItemsCurrencyMismatch, OrderAmountTooLarge):
+            except OrderAmountTooLarge:
+                form.add_error(
+                    None,
+                    _("This order would cost more than one order may; order fewer."),
+                )
+            except (ProductUnknown, ItemsCurrencyMismatch):
                 form.add_error(None, _("These products cannot be ordered together."))
             else:
                 messages.success(request, _("Order placed."))

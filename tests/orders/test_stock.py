@@ -556,6 +556,20 @@ def test_web_order_with_products_once_per_form(client, alice):
     assert stock_of("TEA") == 5
 
 
+def test_web_order_over_the_largest_amount_says_so(client, alice):
+    from orders.fields import MAX_AMOUNT
+
+    user, _, _ = alice
+    client.force_login(user)
+    product("GOLD", price=MAX_AMOUNT, stock=5)
+    token, fields = web_form(client)
+    response = client.post("/orders/new", {"token": token, fields["GOLD"]: "2"})
+    assert response.status_code == 200
+    assert "would cost more than one order may" in response.content.decode()
+    nothing_written()
+    assert stock_of("GOLD") == 5
+
+
 def test_web_order_out_of_stock_shows_the_form_again(client, alice):
     user, _, _ = alice
     client.force_login(user)
