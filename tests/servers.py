@@ -20,6 +20,8 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def free_port() -> int:
+    # (Not serve's own: the benchmarks import this module before Django is set up,
+    # and serve's module needs the app registry.)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
