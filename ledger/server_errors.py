@@ -15,7 +15,11 @@ is nginx's 502 or 504, problem+json too (deploy/nginx.conf).
 
 import json
 
+from idempotency.exceptions import IdempotencyKeyInvalid
+
 from .problems import HTTP_CODES, problem
+
+KEY_HEADER = "IDEMPOTENCY-KEY"  # as gunicorn names a header it refuses
 
 
 def write_problem(sock: object, status_int: int, reason: str, mesg: str) -> None:
@@ -23,9 +27,14 @@ def write_problem(sock: object, status_int: int, reason: str, mesg: str) -> None
     from gunicorn import util
 
     fallback = "bad_request" if status_int < 500 else "internal_error"
-    code = HTTP_CODES.get(status_int, fallback)
+    code, title, detail = HTTP_CODES.get(status_int, fallback), reason, mesg
+    if status_int == 400 and mesg.upper().endswith(f"{KEY_HEADER!r}"):
+        # A control character in the key (gunicorn's "Invalid HTTP Header:
+        # 'IDEMPOTENCY-KEY'"): the contract's malformed key, as the app says it.
+        refusal = IdempotencyKeyInvalid()
+        code, title, detail = refusal.code, refusal.title, refusal.detail
     # ASCII only: gunicorn's message may quote what the client sent.
-    body = json.dumps(problem(status_int, code, reason, mesg)).encode("ascii")
+    body = json.dumps(problem(status_int, code, title, detail)).encode("ascii")
     head = (
         f"HTTP/1.1 {status_int} {reason}\r\n"
         "Connection: close\r\n"

@@ -158,6 +158,16 @@ def test_a_chunked_body_within_the_limit_is_the_request_body(url):
     [
         # DEL in a header value: gunicorn refuses it before Django sees it.
         (b"GET /healthz HTTP/1.1", b"X-Note: a\x7fb\r\n", 400, "bad_request"),
+        # In the Idempotency-Key, any control character: the contract's malformed key.
+        *(
+            (
+                b"POST /api/v1/preorders HTTP/1.1",
+                b"Idempotency-Key: a%cb\r\n" % c,
+                400,
+                "idempotency_key_invalid",
+            )
+            for c in (0x01, 0x1B, 0x7F)
+        ),
         # A request line over gunicorn's 4094 bytes.
         (b"GET /healthz?" + b"a" * 5000 + b" HTTP/1.1", b"", 414, "uri_too_long"),
         # More header fields than gunicorn takes (100).
