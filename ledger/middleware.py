@@ -30,7 +30,7 @@ from idempotency import metrics as idempotency_metrics
 
 from . import metrics
 from .logging import key_digest
-from .problems import problem_response
+from .problems import RequestBodyIncomplete, problem_response
 
 log = logging.getLogger("ledger.requests")
 REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}\Z")
@@ -126,6 +126,9 @@ class RequestLimitsMiddleware:
       read. A chunked body (no `Content-Length`; gunicorn passes it on as a stream
       that Django would not read at all) is read up to the limit and one byte more,
       then handed on as a body of known length if it fits.
+    * A body shorter than its `Content-Length` (the client closed the connection
+      mid-upload): `400 request_body_incomplete`. It is read here, whole, before
+      any view sees a part of it.
     """
 
     def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
@@ -142,6 +145,12 @@ class RequestLimitsMiddleware:
                 "Payload too large",
                 f"The request body is larger than {limit} bytes.",
             )
+        declared = declared_length(request)
+        if declared and len(request.body) < declared:
+            refusal = RequestBodyIncomplete()
+            return problem_response(
+                refusal.status, refusal.code, refusal.title, refusal.detail
+            )
         return self.get_response(request)
 
 
@@ -151,14 +160,19 @@ def has_nul(query: str | None) -> bool:
     return "\x00" in query or "%00" in query
 
 
+def declared_length(request: HttpRequest) -> int:
+    """The body's `Content-Length`; 0 when there is none or it is no number (so
+    Django reads it too: as no body)."""
+    try:
+        return max(0, int(request.META.get("CONTENT_LENGTH") or 0))
+    except ValueError:
+        return 0
+
+
 def body_length(request: HttpRequest, limit: int) -> int:
     """The body's length as declared; of a chunked body, what was read of it."""
-    declared = request.META.get("CONTENT_LENGTH")
-    if declared:
-        try:
-            return int(declared)
-        except ValueError:
-            return 0  # so Django reads it too: as no body
+    if request.META.get("CONTENT_LENGTH"):
+        return declared_length(request)
     encoding = request.META.get("HTTP_TRANSFER_ENCODING", "")
     stream = request.META.get("wsgi.input")
     if stream is None or "chunked" not in encoding.lower():

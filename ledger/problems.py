@@ -11,6 +11,21 @@ from idempotency.exceptions import ProblemError
 
 PROBLEM_CONTENT_TYPE = "application/problem+json"
 
+
+class RequestBodyIncomplete(ProblemError):
+    """The connection ended before the body its `Content-Length` declared: the
+    client gave up mid-upload, and what arrived may even parse (a JSON object cut
+    after its last member). Nothing runs on it (`ledger.middleware`)."""
+
+    status = 400
+    code = "request_body_incomplete"
+    title = "Request body incomplete"
+    default_detail = (
+        "The body ended before the length its Content-Length declared; nothing "
+        "was done."
+    )
+
+
 # The codes of answers made outside DRF's exception handler, by HTTP status: by the
 # error views below, the request limits (ledger.middleware), gunicorn's own refusals
 # (ledger.server_errors) and the bundled nginx (deploy/nginx.conf).

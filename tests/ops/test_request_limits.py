@@ -6,6 +6,7 @@ problem+json.
 
 import json
 import shlex
+import socket
 import time
 import uuid
 from collections.abc import Iterator
@@ -18,7 +19,7 @@ from idempotency.models import IdempotencyRecord
 from ledger.openapi import problem_codes
 from orders.models import Order
 from tests.helpers import Customer
-from tests.servers import ROOT, gunicorn, raw_exchange
+from tests.servers import ROOT, dechunk, gunicorn, raw_exchange
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -122,6 +123,42 @@ def test_a_declared_length_over_the_limit_is_refused_before_the_body_is_read(url
     )
     assert_problem(status, headers, body, 413, "payload_too_large")
     assert time.monotonic() - started < 5
+
+
+def test_a_body_cut_short_is_refused_though_what_came_parses(url):
+    """The client declares 100 bytes, sends a whole JSON object of fewer, and
+    closes its side: an upload given up, not a request to run."""
+    alice = Customer("alice")
+    body = order_body(alice, url)
+    head = (
+        b"POST /api/v1/orders HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+        b"Authorization: Token " + alice.token.encode() + b"\r\n"
+        b"Idempotency-Key: cut-1\r\nContent-Type: application/json\r\n"
+        b"Content-Length: %d\r\n\r\n" % (len(body) + 40)
+    )
+    host, port = url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as conn:
+        conn.sendall(head + body)
+        conn.shutdown(socket.SHUT_WR)
+        answer = b""
+        while chunk := conn.recv(65536):
+            answer += chunk
+    head_of, _, problem_body = answer.partition(b"\r\n\r\n")
+    status = int(head_of.split()[1])
+    headers = {
+        name.strip().lower(): value.strip()
+        for name, _, value in (
+            line.partition(":") for line in head_of.decode().split("\r\n")[1:]
+        )
+    }
+    if headers.get("transfer-encoding") == "chunked":
+        problem_body = dechunk(problem_body)
+    assert_problem(status, headers, problem_body, 400, "request_body_incomplete")
+    assert not Order.objects.exists()
+    assert not IdempotencyRecord.objects.filter(key="cut-1").exists()
+    # The same request, whole, with the same key: it runs.
+    answer = post_order(alice, url, body, "cut-1")
+    assert answer.status_code == 201, answer.content
 
 
 def test_a_chunked_body_is_read_up_to_the_limit_only(url):
