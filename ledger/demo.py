@@ -16,8 +16,10 @@ DEMO_CUSTOMER = "demo"
 # A local demo shopper, printed on every `make run`; not a secret.
 DEMO_PASSWORD = "demo-password"  # noqa: S105
 DEMO_BALANCE = 100_000
-# A second customer, with an empty wallet, for the README's transfer examples.
+# A second customer, with an empty wallet, for the README's transfer examples: the
+# banner shows its login and token too, to see a transfer arrive.
 DEMO_FRIEND = "friend"
+DEMO_FRIEND_PASSWORD = "friend-password"  # noqa: S105
 
 # name -> function seeding an app's demo data and returning what to show of it
 _seeders: dict[str, Callable[[], Any]] = {}
@@ -35,8 +37,8 @@ def demo_seeder(name: str) -> Callable[[Callable[[], Any]], Callable[[], Any]]:
 
 
 def demo_seed() -> dict[str, Any]:
-    """Create the demo customer (funded wallet), the friend (an empty wallet) and
-    the admin, or find them again.
+    """Create the demo customer (funded wallet), the friend (an empty wallet, to
+    send to) and the admin, or find them again.
 
     Returns how to log in as each; the admin's password is random, made once and kept
     in the data folder (`password_file`) so every later run can show it again (None
@@ -49,7 +51,9 @@ def demo_seed() -> dict[str, Any]:
     )
     wallet_top_up(account_id=wallet.pk, at_least=DEMO_BALANCE)
     wallet.refresh_from_db()
-    customer_get_or_create(username=DEMO_FRIEND, currency=currency)
+    _friend, friend_token, friend_wallet = customer_get_or_create(
+        username=DEMO_FRIEND, password=DEMO_FRIEND_PASSWORD, currency=currency
+    )
     stored = settings.DATA_DIR / "admin-password"
     extras = {name: seed() for name, seed in _seeders.items()}
     return {
@@ -60,6 +64,12 @@ def demo_seed() -> dict[str, Any]:
             "token": token,
             "account": wallet.pk,
             "balance": wallet.balance,
+        },
+        "friend": {
+            "username": DEMO_FRIEND,
+            "password": DEMO_FRIEND_PASSWORD,
+            "token": friend_token,
+            "account": friend_wallet.pk,
         },
         "admin": {
             "username": "admin",

@@ -77,12 +77,18 @@ class MakeRun:
             text = self.output()
             match = re.search(r"API token\s+([0-9a-f]{40})", text)
             admin = re.search(r"Admin\s+\S+\s+user (\S+) / (\S+)", text)
-            if match and admin and "Ctrl-C stops everything" in text:
+            friend = re.search(
+                r"Recipient\s+user (\S+) / (\S+).*\n\s+API token ([0-9a-f]{40})", text
+            )
+            if match and admin and friend and "Ctrl-C stops everything" in text:
                 self.up_since = time.monotonic()
                 return {
                     "token": match.group(1),
                     "admin": admin.group(1),
                     "admin_password": admin.group(2),
+                    "friend": friend.group(1),
+                    "friend_password": friend.group(2),
+                    "friend_token": friend.group(3),
                 }
             assert self.process.poll() is None, f"make run ended:\n{text[-4000:]}"
             time.sleep(0.5)
@@ -282,27 +288,44 @@ def test_every_flow_works_under_make_run(stack) -> None:
         assert cancelled.status_code == 200, cancelled.text
         assert cancelled.json()["status"] == "cancelled"
 
+        # A transfer to the recipient the banner names, seen with its token.
+        sent = client.post(
+            "/api/v1/transfers",
+            headers={"Idempotency-Key": f"t-{number}"},
+            json={"to": logins["friend"], "amount": 7, "currency": "CNY"},
+        )
+        assert sent.status_code == 201, sent.text
+    with api(run, logins["friend_token"]) as friend:
+        entries = friend.get("/api/v1/accounts/me/entries").json()["results"]
+        assert entries[0]["amount"] == 7, entries
+
     # The web UI and the admin, logged in as the banner says.
     with httpx.Client(base_url=run.url, timeout=15) as browser:
-        for path, username, password in (
-            ("/login", "demo", "demo-password"),
-            ("/admin/login/", logins["admin"], logins["admin_password"]),
-        ):
-            page = browser.get(path)
-            token = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', page.text)
-            assert token, page.text
-            answer = browser.post(
-                path,
-                data={
-                    "username": username,
-                    "password": password,
-                    "csrfmiddlewaretoken": token.group(1),
-                },
-                headers={"Referer": run.url + path},
-            )
-            assert answer.status_code == 302, answer.text
+        log_in(browser, run, "/login", "demo", "demo-password")
+        log_in(browser, run, "/admin/login/", logins["admin"], logins["admin_password"])
         assert browser.get("/account").status_code == 200
         assert browser.get("/admin/orders/order/").status_code == 200
+    with httpx.Client(base_url=run.url, timeout=15) as browser:
+        log_in(browser, run, "/login", logins["friend"], logins["friend_password"])
+        assert "¥0.07" in browser.get("/account").text
+
+
+def log_in(
+    browser: httpx.Client, run: MakeRun, path: str, username: str, password: str
+) -> None:
+    page = browser.get(path)
+    token = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', page.text)
+    assert token, page.text
+    answer = browser.post(
+        path,
+        data={
+            "username": username,
+            "password": password,
+            "csrfmiddlewaretoken": token.group(1),
+        },
+        headers={"Referer": run.url + path},
+    )
+    assert answer.status_code == 302, answer.text
 
 
 def test_provider_payments_at_once_outnumbering_the_web_s_threads(stack) -> None:

@@ -223,7 +223,7 @@ def admin_lines(url: str, admin: dict[str, Any]) -> list[str]:
 
 def banner(port: int, demo: dict[str, Any]) -> str:
     url = f"http://127.0.0.1:{port}"
-    customer, admin = demo["customer"], demo["admin"]
+    customer, friend, admin = demo["customer"], demo["friend"], demo["admin"]
     secret = settings.PAYMENT_PROVIDER_SECRET
     if secret == DEVELOPMENT_SECRET:
         secret_line = f"{secret}   (embedded default; set PAYMENT_PROVIDER_SECRET)"
@@ -239,6 +239,9 @@ def banner(port: int, demo: dict[str, Any]) -> str:
             f"  API token   {customer['token']}",
             f"              curl {url}/api/v1/accounts/me"
             f' -H "Authorization: Token {customer["token"]}"',
+            f"  Recipient   user {friend['username']} / {friend['password']}"
+            f"   (send {friend['username']} a transfer)",
+            f"              API token {friend['token']}",
             *admin_lines(url, admin),
             f"  API docs    {url}/api/docs/",
             f"  Callback secret  {secret_line}",
