@@ -57,6 +57,27 @@ def test_create_customer_refuses_a_balance_out_of_range_and_creates_nothing(bala
     assert not get_user_model().objects.filter(username="bob").exists()
 
 
+@pytest.mark.parametrize("name", ["", " ", "bad name!", "a/b", "x" * 151, "tab\tname"])
+def test_create_customer_refuses_a_name_no_client_could_use(name):
+    """A transfer names its recipient by username: "" or "bad name!" would make a
+    customer nobody can send to."""
+    with pytest.raises(CommandError, match="is no username"):
+        call_command("create_customer", name, stdout=StringIO())
+    assert not get_user_model().objects.exists()
+
+
+def test_create_customer_takes_any_name_a_sign_up_would():
+    for name in ("李雷", "ann.lee+shop@example.com", "a-b_c"):
+        assert create_customer(name)["username"] == name
+
+
+def test_create_customer_refuses_a_staff_user():
+    get_user_model().objects.create_superuser("admin", password="x")
+    with pytest.raises(CommandError, match="is a staff user"):
+        call_command("create_customer", "admin", stdout=StringIO())
+    assert not Account.objects.filter(owner__username="admin").exists()
+
+
 def test_create_customer_whose_top_up_fails_creates_nothing(monkeypatch):
     def fails(**_):
         raise DatabaseError("the deposit could not be written")

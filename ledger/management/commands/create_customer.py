@@ -1,6 +1,8 @@
 import json
 
 from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError
 from django.db import transaction
 
@@ -21,6 +23,16 @@ class Command(BaseCommand):
         parser.add_argument("--password", default=None)
 
     def handle(self, *args, name: str, balance: int | None, password: str | None, **_):
+        username = get_user_model()._meta.get_field("username")
+        try:
+            username.clean(name, None)  # what a sign-up form would take
+        except ValidationError as refused:
+            raise CommandError(
+                f"{name!r} is no username: {' '.join(refused.messages)}"
+            ) from None
+        staff = get_user_model().objects.filter(username=name, is_staff=True)
+        if staff.exists():
+            raise CommandError(f"{name!r} is a staff user, not a customer")
         if balance is not None and not 0 <= balance <= MAX_AMOUNT:
             raise CommandError(
                 f"--balance is 0 to {MAX_AMOUNT} minor units, not {balance}"
