@@ -868,7 +868,12 @@ def _transfer_refusal(
         if wallet.status != Account.Status.ACTIVE:
             return AccountNotActive(f"Account {wallet.pk} is {wallet.status}.")
     if item.amount > available[source.pk]:
-        return InsufficientFunds(balance=available[source.pk], amount=item.amount)
+        return InsufficientFunds(  # what is left for it after the items before
+            balance=source.balance,
+            held=source.held,
+            available=available[source.pk],
+            amount=item.amount,
+        )
     available[source.pk] -= item.amount
     return None
 

@@ -1,13 +1,16 @@
 """Transfers between customers: one, or a batch of up to 100, all or nothing."""
 
+from datetime import timedelta
+
 import pytest
 from django.db.models import Sum
+from django.utils import timezone
 from rest_framework.test import APIClient
 
 from idempotency.models import IdempotencyRecord
 from ledger.invariants import ledger_report
 from ledger.models import Account, JournalEntry, Posting, Transfer
-from ledger.services import account_freeze, customer_get_or_create
+from ledger.services import account_freeze, customer_get_or_create, hold_authorize
 from tests.conftest import run_in_threads
 from tests.helpers import assert_problem, balance, customer, new_key
 
@@ -158,6 +161,27 @@ def test_a_batch_with_refused_items_moves_nothing_and_names_each(alice, bob):
     assert JournalEntry.objects.count() == entries
     assert not Transfer.objects.exists()
     assert (balance(wallet), balance(bob[2])) == (10_000, 0)
+
+
+def test_insufficient_funds_names_balance_held_and_available(alice, bob):
+    """As a payment's refusal does: what holds reserve is not available."""
+    _, client, wallet = alice
+    hold_authorize(
+        account_id=wallet.pk,
+        amount=8_000,
+        reference="reserved",
+        expires_at=timezone.now() + timedelta(hours=1),
+    )
+    body = {"to": "bob", "amount": 3_000, "currency": "CNY"}
+    answer = send(client, body, new_key())
+    assert_problem(answer, 422, "insufficient_funds")
+    problem = answer.json()
+    assert (problem["balance"], problem["held"], problem["available"]) == (
+        10_000,
+        8_000,
+        2_000,
+    )
+    assert problem["amount"] == 3_000
 
 
 @pytest.mark.parametrize(
