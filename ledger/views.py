@@ -2,6 +2,8 @@
 
 import hmac
 import os
+from collections.abc import Callable
+from functools import wraps
 
 from django.conf import settings
 from django.db import connection
@@ -12,25 +14,49 @@ from django.http import (
     JsonResponse,
 )
 from django.templatetags.static import static
-from django.views.decorators.http import require_GET
+from django.views.decorators.csrf import csrf_exempt
 
 from .problems import problem_response
 
+View = Callable[..., HttpResponse]
 
-@require_GET
+
+def get_only(view: View) -> View:
+    """GET and HEAD only: any other method is `405 method_not_allowed`, in
+    problem+json with `Allow`, whatever cookies came with it (nothing here changes
+    state, so no CSRF check stands before that answer)."""
+
+    @csrf_exempt
+    @wraps(view)
+    def only_get(request: HttpRequest, *args: object, **kwargs: object) -> HttpResponse:
+        if request.method not in ("GET", "HEAD"):
+            response = problem_response(
+                405,
+                "method_not_allowed",
+                "Method not allowed",
+                f"{request.method} is not allowed here; use GET.",
+            )
+            response["Allow"] = "GET, HEAD"
+            return response
+        return view(request, *args, **kwargs)
+
+    return only_get
+
+
+@get_only
 def favicon(request: HttpRequest) -> HttpResponse:
     """Browsers ask for /favicon.ico whatever the page's links say: send them to
     the static file, which whitenoise serves."""
     return HttpResponsePermanentRedirect(static("favicon.ico"))
 
 
-@require_GET
+@get_only
 def healthz(request: HttpRequest) -> JsonResponse:
     """The process is up and serving; checks nothing else on purpose."""
     return JsonResponse({"status": "ok"})
 
 
-@require_GET
+@get_only
 def readyz(request: HttpRequest) -> JsonResponse:
     """Ready to take traffic: the database answers, and Redis too when configured."""
     checks: dict[str, str] = {}
@@ -51,7 +77,7 @@ def readyz(request: HttpRequest) -> JsonResponse:
     )
 
 
-@require_GET
+@get_only
 def metrics(request: HttpRequest) -> HttpResponse:
     """Prometheus text format, summed over every process that writes to
     PROMETHEUS_MULTIPROC_DIR (all web workers and the Celery worker under `make run`

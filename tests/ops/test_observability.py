@@ -255,3 +255,20 @@ def test_metrics_token_set_requires_the_bearer_token(client, settings):
     answer = client.get("/metrics", headers={"Authorization": "Bearer scrape-me"})
     assert answer.status_code == 200
     assert b"idempotency_requests_total" in answer.content
+
+
+@pytest.mark.parametrize("path", ["/healthz", "/readyz", "/metrics", "/favicon.ico"])
+def test_operations_endpoints_answer_another_method_with_405(path):
+    """A POST, with a session cookie or without, is refused for its method (not a
+    CSRF page): these endpoints only ever read."""
+    from django.test import Client
+
+    browser = Client(enforce_csrf_checks=True)
+    browser.cookies["csrftoken"] = "x" * 32
+    for method in ("post", "put", "delete"):
+        answer = getattr(browser, method)(path)
+        assert answer.status_code == 405, (method, answer.content)
+        assert answer["Content-Type"] == "application/problem+json"
+        assert answer.json()["code"] == "method_not_allowed"
+        assert answer["Allow"] == "GET, HEAD"
+    assert browser.head("/healthz").status_code == 200
