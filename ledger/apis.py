@@ -1,6 +1,7 @@
 from typing import Any
 
 from django.conf import settings
+from django.urls import reverse
 from drf_spectacular.utils import (
     OpenApiParameter,
     PolymorphicProxySerializer,
@@ -27,7 +28,7 @@ from .fields import (
     StrictNestedSerializer,
 )
 from .openapi import IDEMPOTENCY_KEY
-from .selectors import account_postings, transfer_get
+from .selectors import account_postings, transfer_batch_get, transfer_get
 from .services import (
     TransferItem,
     transfer_batch_create,
@@ -230,8 +231,11 @@ class TransferCreateApi(APIView):
             batch.is_valid(raise_exception=True)
             items = [TransferItem(**item) for item in batch.validated_data["transfers"]]
             transfers = transfer_batch_create(sender=sender, items=items)
-            body = {"batch_id": transfers[0].batch_id, "transfers": transfers}
-            data = TransferBatchOutputSerializer(body).data
+            batch_id = transfers[0].batch_id
+            data = TransferBatchOutputSerializer(
+                {"batch_id": batch_id, "transfers": transfers}
+            ).data
+            location = reverse("api-transfer-batch-detail", args=[batch_id])
         else:
             single = TransferItemSerializer(data=request.data)
             single.is_valid(raise_exception=True)
@@ -239,7 +243,23 @@ class TransferCreateApi(APIView):
                 sender=sender, item=TransferItem(**single.validated_data)
             )
             data = TransferOutputSerializer(transfer).data
-        return Response(data, status=status.HTTP_201_CREATED)
+            location = reverse("api-transfer-detail", args=[transfer.pk])
+        return Response(
+            data,
+            status=status.HTTP_201_CREATED,
+            headers={"Location": request.build_absolute_uri(location)},
+        )
+
+
+class TransferBatchDetailApi(APIView):
+    """A batch as its sender made it (the `id` a batch's 201 answered with, which
+    numbers batches, not transfers)."""
+
+    @extend_schema(responses={200: TransferBatchOutputSerializer})
+    def get(self, request: Request, batch_id: int) -> Response:
+        transfers = transfer_batch_get(user=authenticated(request), batch_id=batch_id)
+        body = {"batch_id": batch_id, "transfers": transfers}
+        return Response(TransferBatchOutputSerializer(body).data)
 
 
 class TransferDetailApi(APIView):

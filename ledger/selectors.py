@@ -3,7 +3,7 @@ from django.db.models import Q, QuerySet
 from django.http import Http404
 from django.shortcuts import get_object_or_404
 
-from .models import Account, Posting, Transfer
+from .models import Account, Posting, Transfer, TransferBatch
 
 
 def account_postings(*, account: Account) -> QuerySet[Posting]:
@@ -22,6 +22,15 @@ def transfer_get(*, user: User, transfer_id: int) -> Transfer:
         Q(sender=user) | Q(recipient=user),
         pk=transfer_id,
     )
+
+
+def transfer_batch_get(*, user: User, batch_id: int) -> list[Transfer]:
+    """A batch's transfers in the order they were asked for, for its sender; 404
+    for anyone else (a recipient sees its own transfers one by one)."""
+    if not 0 < batch_id < 2**63:
+        raise Http404("no such transfer batch")
+    batch = get_object_or_404(TransferBatch, sender=user, pk=batch_id)
+    return list(batch.transfers.select_related("sender", "recipient").order_by("index"))
 
 
 def merchant_sub_accounts_to_sweep() -> QuerySet[Account]:

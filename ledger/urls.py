@@ -12,6 +12,11 @@ api_v1: list[URLPattern | URLResolver] = [
     ),
     path("transfers", apis.TransferCreateApi.as_view(), name="api-transfer-create"),
     path(
+        "transfers/batches/<int:batch_id>",
+        apis.TransferBatchDetailApi.as_view(),
+        name="api-transfer-batch-detail",
+    ),
+    path(
         "transfers/<int:transfer_id>",
         apis.TransferDetailApi.as_view(),
         name="api-transfer-detail",

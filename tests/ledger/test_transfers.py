@@ -113,6 +113,13 @@ def test_a_batch_moves_everything_in_order(alice, bob):
     ]
     assert len({t["id"] for t in body["transfers"]}) == 3
     assert Transfer.objects.filter(batch_id=body["id"]).count() == 3
+    # The batch's own URL (its id numbers batches, not transfers): its sender reads
+    # it as it was answered; a recipient, who sees its own transfers, does not.
+    url = f"{PATH}/batches/{body['id']}"
+    assert response["Location"] == f"http://testserver{url}"
+    assert client.get(url).json() == body
+    assert_problem(bob[1].get(url), 404, "not_found")
+    assert_problem(client.get(f"{PATH}/batches/{2**70}"), 404, "not_found")
     assert (balance(wallet), balance(bob[2]), balance(carol_wallet)) == (
         9400,
         400,
@@ -270,8 +277,10 @@ def test_sender_and_recipient_see_a_transfer_nobody_else(alice, bob):
     _, client, _ = alice
     _, bob_client, _ = bob
     _, carol_client, _ = customer("carol")
-    made = send(client, ITEM).json()
+    answer = send(client, ITEM)
+    made = answer.json()
     url = f"{PATH}/{made['id']}"
+    assert answer["Location"] == f"http://testserver{url}"
     assert client.get(url).json() == made
     assert bob_client.get(url).json() == made
     assert_problem(carol_client.get(url), 404, "not_found")
