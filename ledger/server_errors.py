@@ -14,6 +14,7 @@ is nginx's 502 or 504, problem+json too (deploy/nginx.conf).
 """
 
 import json
+from typing import Any
 
 from idempotency.exceptions import IdempotencyKeyInvalid
 
@@ -46,9 +47,20 @@ def write_problem(sock: object, status_int: int, reason: str, mesg: str) -> None
 
 def install() -> None:
     """Make gunicorn, if it is what serves this process, answer its refusals as
-    problem+json."""
+    problem+json, and close the connection after the app's `413`."""
     try:
         from gunicorn import util
+        from gunicorn.http import wsgi
     except ImportError:  # served by something else
         return
     util.write_error = write_problem
+    keeps_open = wsgi.Response.should_close
+
+    def should_close(response: Any) -> bool:
+        # A 413 leaves the body unread: what follows on the connection is the rest
+        # of it, not a next request, and gunicorn drains only 64 KiB of it before
+        # it closes. So say `Connection: close` (an app's own Connection header is
+        # dropped as hop-by-hop) rather than promise a keep-alive it will not keep.
+        return getattr(response, "status_code", None) == 413 or keeps_open(response)
+
+    wsgi.Response.should_close = should_close  # type: ignore[method-assign]

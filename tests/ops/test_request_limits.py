@@ -102,6 +102,8 @@ def test_a_body_over_the_limit_is_413_and_its_key_stays_free(url):
             413,
             "payload_too_large",
         )
+        # The rest of the body is not read: the connection closes, and says so.
+        assert answer.headers["connection"] == "close"
         # Refused before the view: nothing stored under the key, which the
         # corrected request may use.
         assert not IdempotencyRecord.objects.filter(key=key).exists()
@@ -122,6 +124,7 @@ def test_a_declared_length_over_the_limit_is_refused_before_the_body_is_read(url
         b"Content-Length: 3000000\r\n\r\n",  # and not one byte of it
     )
     assert_problem(status, headers, body, 413, "payload_too_large")
+    assert headers["connection"] == "close"
     assert time.monotonic() - started < 5
 
 
