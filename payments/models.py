@@ -90,6 +90,11 @@ class Payment(ConcurrentTransitionMixin, models.Model):
         _("provider transaction"), max_length=64, blank=True, db_index=True
     )
     pay_url = models.URLField(_("pay URL"), max_length=500, blank=True)
+    # When beat last asked the provider how a long-pending provider payment stands
+    # (`payments_stuck` asks the least recently asked first).
+    provider_asked_at = models.DateTimeField(
+        _("provider last asked"), null=True, blank=True
+    )
 
     class Meta:
         verbose_name = _("payment")

@@ -14,7 +14,8 @@ from typing import Any
 from celery import current_app
 from django.conf import settings
 from django.db import IntegrityError, InterfaceError, OperationalError, transaction
-from django.db.models import QuerySet
+from django.db.models import F, QuerySet
+from django.db.models.functions import Now
 from django.utils import timezone
 
 from idempotency.engine import Phases
@@ -832,18 +833,26 @@ def payment_redrive(*, payment_id: int) -> Payment:
 
 
 def payments_stuck(*, older_than_seconds: int, limit: int = 100) -> list[int]:
-    """Ids of provider payments pending longer than `older_than_seconds` (by the
-    database's clock, which also stamped them)."""
+    """Ids of up to `limit` provider payments pending longer than
+    `older_than_seconds` (by the database's clock, which also stamped them), the
+    provider asked about least recently first (never asked: first of all), each
+    stamped as asked now. So every one is asked in its turn: checkouts left open
+    by the hundred (each still pending at the provider, asked again every run)
+    cannot keep a later payment, paid but its notification lost, from being asked.
+    """
     cutoff = DatabaseNow(plus=-timedelta(seconds=older_than_seconds))
-    return list(
-        Payment.objects.filter(
-            method=Payment.Method.PROVIDER,
-            status=Payment.Status.PENDING,
-            created_at__lt=cutoff,
+    with transaction.atomic():
+        ids = list(
+            Payment.objects.filter(
+                method=Payment.Method.PROVIDER,
+                status=Payment.Status.PENDING,
+                created_at__lt=cutoff,
+            )
+            .order_by(F("provider_asked_at").asc(nulls_first=True), "pk")
+            .values_list("pk", flat=True)[:limit]
         )
-        .order_by("pk")
-        .values_list("pk", flat=True)[:limit]
-    )
+        Payment.objects.filter(pk__in=ids).update(provider_asked_at=Now())
+    return ids
 
 
 def inbox_stuck(*, older_than_seconds: int, limit: int = 500) -> tuple[list, list]:

@@ -61,6 +61,31 @@ def test_only_provider_payments_pending_past_the_timeout_are_stuck():
     assert payments_stuck(older_than_seconds=60) == [payment.pk]
 
 
+def test_every_stuck_payment_is_asked_in_its_turn_however_many_wait():
+    """More stuck payments than one run asks about (checkouts left open, each
+    still pending at the provider): each run asks about those asked least
+    recently, so a later payment is not left out behind the older ones."""
+    user, _, _ = customer("dave", balance=5000)
+    made = []
+    for _ in range(7):
+        order = place_order(user)
+        made.append(
+            Payment.objects.create(
+                order=order, method="provider", amount=order.amount, currency="CNY"
+            ).pk
+        )
+        age(Payment, made[-1], 120)
+    runs = [payments_stuck(older_than_seconds=60, limit=3) for _ in range(3)]
+    assert runs == [made[0:3], made[3:6], [made[6], made[0], made[1]]]
+    # A new one, never asked, comes first.
+    order = place_order(user)
+    newest = Payment.objects.create(
+        order=order, method="provider", amount=order.amount, currency="CNY"
+    ).pk
+    age(Payment, newest, 120)
+    assert payments_stuck(older_than_seconds=60, limit=3)[0] == newest
+
+
 def settle_at_provider(pay_url: str, action: str) -> None:
     """The payer's confirmation, whose callback never reaches us (no worker runs)."""
     with httpx.Client(timeout=10) as browser:
