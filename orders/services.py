@@ -59,6 +59,19 @@ def order_releaser(releaser: OrderReleaser) -> OrderReleaser:
     return releaser
 
 
+# What apps above this one do when `order_cancel` has cancelled an order, in its
+# transaction, the order still locked: the payments app has the order's open
+# provider charge cancelled once it commits.
+_cancel_listeners: list[OrderReleaser] = []
+
+
+def order_cancel_listener(listener: OrderReleaser) -> OrderReleaser:
+    """Register `listener(order_id)`, run when `order_cancel` cancelled an order."""
+    if listener not in _cancel_listeners:
+        _cancel_listeners.append(listener)
+    return listener
+
+
 def preorder_create(*, owner: User) -> PreOrder:
     """Issue a fresh merchant order number to `owner`, usable until it expires.
 
@@ -261,12 +274,15 @@ def order_cancel(*, order_id: int) -> Order:
     the order's row lock (the registered releasers: the payments app voids the
     authorized payment and releases its hold), so a cancelled order never keeps
     money held. The stock its items took comes back in the same transaction, once
-    (see `order_give_back_stock`).
+    (see `order_give_back_stock`). Then the registered cancel listeners run (the
+    payments app cancels an open provider charge after commit).
     """
     with transaction.atomic(savepoint=False):
         order = _order_transition(order_id, "cancel", OrderNotCancellable, _release)
         lines = list(OrderItem.objects.filter(order_id=order.pk).order_by("pk"))
         _give_back(lines)
+        for listener in _cancel_listeners:
+            listener(order.pk)
     order._prefetched_objects_cache = {"items": _known_items(order, lines)}  # type: ignore[attr-defined]
     return order
 

@@ -338,6 +338,16 @@ def _pending_provider_payments(order_id: int) -> QuerySet[Payment]:
     )
 
 
+def payment_cancel_open_charges_later(order_id: int) -> None:
+    """Run when an order was cancelled (`orders.services.order_cancel_listener`): a
+    provider payment still open is cancelled at the provider once the cancel
+    commits, so the payer can no longer pay a cancelled order on the pay page
+    (the money would come, and go back as a refund). An order cancelled because it
+    expired unpaid is left to the re-drive, which cancels its charge the same way."""
+    if _pending_provider_payments(order_id).exists():
+        enqueue_on_commit(CANCEL_OPEN_CHARGES, order_id)
+
+
 def payment_pay_with_provider(
     *, order_id: int, phases: Phases, return_url: str = ""
 ) -> Payment:

@@ -100,8 +100,9 @@ def test_cancel(alice):
     path = f"/api/v1/orders/{place_order(user).merchant_order_no}/cancel"
     # token, BEGIN, key lookup, the order (owner check), lock it, the conditional
     # status update, its items (the stock to give back: none here, and the response
-    # shows them), key record, COMMIT
-    assert_statements(9, 200, lambda: post(client, path, {}, new_key()))
+    # shows them), is a provider payment of the order pending (its charge is then
+    # cancelled), key record, COMMIT
+    assert_statements(10, 200, lambda: post(client, path, {}, new_key()))
 
 
 def test_order_with_items(alice):
@@ -131,7 +132,7 @@ def test_cancel_with_items(alice):
     post(client, "/api/v1/orders", body, new_key())
     path = f"/api/v1/orders/{number['merchant_order_no']}/cancel"
     # as above, plus per line: the return movement and the increment
-    assert_statements(11, 200, lambda: post(client, path, {}, new_key()))
+    assert_statements(12, 200, lambda: post(client, path, {}, new_key()))
 
 
 def test_refund(alice):

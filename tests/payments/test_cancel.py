@@ -151,6 +151,32 @@ def test_paying_from_the_balance_cancels_the_open_provider_charge(
     assert_paid_once_from_the_balance(order, wallet, 5000)
 
 
+def test_cancelling_the_order_cancels_its_open_provider_charge(worker, provider):
+    """The shopper cancels an order whose provider payment is open (its pay page
+    still in a tab): the charge is cancelled at the provider, so that tab can no
+    longer take money for an order that no longer wants it."""
+    user, api, wallet = customer("fay", balance=5000)
+    order = place_order(user, amount=2000)
+    started = provider_pending(api, order)
+    tab = PayPage(started["pay_url"])
+    cancelled = api.post(
+        f"/api/v1/orders/{order.merchant_order_no}/cancel",
+        headers={"Idempotency-Key": new_key()},
+    )
+    assert cancelled.status_code == 200, cancelled.content
+    wait_for(
+        lambda: Payment.objects.get(pk=started["id"]).status == "cancelled",
+        what="the provider payment to be cancelled",
+    )
+    assert Charge.objects.get().status == Charge.Status.CANCELLED
+    refused = tab.confirm()
+    assert refused.status_code == 409, refused.text
+    assert not Notification.objects.exists() and not Refund.objects.exists()
+    assert balance(wallet) == 5000
+    report = ledger_report()
+    assert report["ok"], report
+
+
 @pytest.mark.parametrize("callback_first", [False, True])
 def test_a_charge_confirmed_before_the_cancel_is_refunded_once(
     provider, settings, callback_first
