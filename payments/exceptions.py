@@ -35,6 +35,17 @@ class CallbackMismatch(DomainError):
     )
 
 
+class CallbackEventReused(DomainError):
+    status = 409
+    code = "callback_event_reused"
+    title = "Callback event id reused"
+    default_detail = (
+        "An event with this event_id was delivered before with another order, "
+        "transaction, status or amount; the first one stands and this one changes "
+        "nothing."
+    )
+
+
 class ProviderUnavailable(DomainError):
     status = 503
     code = "provider_unavailable"

@@ -48,6 +48,7 @@ from orders.services import (
 
 from .exceptions import (
     AlreadyRefunded,
+    CallbackEventReused,
     CallbackMismatch,
     CaptureExceedsAuthorization,
     PaymentNotCapturable,
@@ -709,6 +710,7 @@ def provider_event_receive(
 
     existing = ProviderEvent.objects.filter(event_id=payload["event_id"]).first()
     if existing is not None:
+        _same_event(existing, payload)
         if existing.status == ProviderEvent.Status.RECEIVED:
             enqueue_on_commit(PROCESS_EVENT, existing.pk)
         return existing, False
@@ -721,9 +723,37 @@ def provider_event_receive(
     )
     if not insert_unless_exists(event, ["event_id"]):
         # The same event, delivered twice at the same instant: the other stored it.
-        return ProviderEvent.objects.get(event_id=payload["event_id"]), False
+        existing = ProviderEvent.objects.get(event_id=payload["event_id"])
+        _same_event(existing, payload)
+        return existing, False
     enqueue_on_commit(PROCESS_EVENT, event.pk)
     return event, True
+
+
+# What an event says; a redelivery says the same (its signature, time and nonce
+# are new).
+_EVENT_FIELDS = ("merchant_order_no", "provider_txn_id", "status", "amount")
+
+
+def _same_event(stored: ProviderEvent, payload: dict) -> None:
+    """Refuse (`CallbackEventReused`, logged) a callback whose `event_id` is a
+    stored event's but which says something else: acknowledged as a redelivery,
+    the second event would vanish unseen (a provider reusing ids, say one per
+    transaction, would have its success dropped)."""
+    differs = [
+        name for name in _EVENT_FIELDS if stored.payload.get(name) != payload.get(name)
+    ]
+    if differs:
+        logger.warning(
+            "provider event %s delivered again with another %s; refused",
+            stored.event_id,
+            ", ".join(differs),
+        )
+        raise CallbackEventReused(
+            f"Event {stored.event_id} was delivered before with another "
+            f"{', '.join(differs)}; the first one stands.",
+            fields=differs,
+        )
 
 
 def provider_event_process(*, event_id: int) -> ProviderEvent:

@@ -47,6 +47,9 @@ class Notification(models.Model):
         related_name="notifications",
     )
     event_id = models.CharField(_("event id"), max_length=128, unique=True)
+    # What the event reports, fixed when it is made: every delivery of it says the
+    # same, though the charge may move on (declined, then reopened and paid).
+    outcome = models.CharField(_("outcome"), max_length=16, blank=True)
     attempts = models.PositiveIntegerField(_("delivery attempts"), default=0)
     last_status = models.IntegerField(_("last answer"), null=True, blank=True)
     created_at = models.DateTimeField(_("created"), auto_now_add=True)

@@ -107,7 +107,7 @@ def charge_settle(*, txn_id: str, outcome: str) -> Charge:
         if moved:
             attempt = charge.notifications.count() + 1
             note = Notification.objects.create(
-                charge=charge, event_id=f"{txn_id}-{attempt}-{outcome}"
+                charge=charge, event_id=f"{txn_id}-{attempt}-{outcome}", outcome=outcome
             )
             # After commit; a broker that is down is logged, not raised (the payer's
             # confirmation has committed): beat sends a delivery whose task was lost
@@ -123,7 +123,8 @@ def notification_body(note: Notification) -> bytes:
             "event_id": note.event_id,
             "merchant_order_no": charge.merchant_order_no,
             "provider_txn_id": charge.txn_id,
-            "status": charge.status,
+            # (A notification made before `outcome` was kept: the charge's.)
+            "status": note.outcome or charge.status,
             "amount": charge.amount,
         }
     ).encode()

@@ -79,6 +79,30 @@ def test_the_same_event_again_is_acknowledged_and_changes_nothing(payment):
     assert_settled_once(payment)
 
 
+@pytest.mark.parametrize(
+    "change",
+    [{"status": "SUCCESS"}, {"amount": 999}, {"provider_txn_id": "other-txn"}],
+)
+def test_an_event_id_reused_for_another_event_is_refused_and_changes_nothing(
+    payment, change, caplog
+):
+    """A provider reusing an event id for another event (say one id per
+    transaction): acknowledged as a redelivery, the second event would vanish
+    unseen; it is refused, loudly, and the first one stands."""
+    first = event_body(payment, status="FAILED")
+    assert post_callback(first).status_code == 200
+    process_all()
+    other = {**first, **change}
+    refused = post_callback(other)
+    assert_problem(refused, 409, "callback_event_reused")
+    assert refused.json()["fields"] == list(change)
+    assert "delivered again with another" in caplog.text
+    assert ProviderEvent.objects.get().payload == first
+    payment.refresh_from_db()
+    assert payment.status == Payment.Status.FAILED
+    assert post_callback(first).status_code == 200  # its redelivery: still fine
+
+
 def test_a_redelivery_of_an_unprocessed_event_sends_its_task_again(
     payment, django_capture_on_commit_callbacks
 ):

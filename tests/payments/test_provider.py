@@ -5,6 +5,7 @@ Celery worker on the Redis broker runs the simulator's deliveries and our proces
 """
 
 import contextlib
+import json
 import os
 import re
 import signal
@@ -23,6 +24,7 @@ from orders.models import Order
 from payments.exceptions import ProviderRefused
 from payments.models import Payment, ProviderEvent, Shipment
 from payments.provider.models import Charge, Notification
+from payments.provider.services import notification_body
 from payments.provider_client import provider_charge_create, provider_charge_get
 from tests.helpers import (
     assert_problem,
@@ -151,6 +153,11 @@ def test_a_declined_payment_fails_and_the_shopper_can_pay_again(worker, provider
     assert Payment.objects.get(pk=body["id"]).status == "failed"
     assert balance(merchant_account(currency="CNY")) == 700
     assert ledger_report()["ok"]
+    # Each event says what it said when it was made, however often it is sent
+    # again: the decline still says FAILED though the charge was paid since.
+    declined, paid = Notification.objects.order_by("pk")
+    assert json.loads(notification_body(declined))["status"] == "FAILED"
+    assert json.loads(notification_body(paid))["status"] == "SUCCESS"
 
 
 def test_a_pay_request_cut_off_between_phases_resumes_without_a_second_charge(
