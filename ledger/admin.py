@@ -139,6 +139,18 @@ def refusal_message(exc: Exception) -> str:
     raise exc
 
 
+def _money_and_hold(balance: int, held: int, currency: str) -> str:
+    """`¥1.50`, or with a hold `¥1.50 (¥0.40 of it on hold)`, in the reader's
+    language."""
+    money = format_money(balance, currency)
+    if not held:
+        return money
+    return gettext("%(money)s (%(held)s of it on hold)") % {
+        "money": money,
+        "held": format_money(held, currency),
+    }
+
+
 @admin.register(Account)
 class AccountAdmin(BackofficeMixin, ReadOnlyAdmin):
     """Accounts are made by the services (a customer's wallet, a currency's merchant
@@ -306,7 +318,9 @@ class AccountAdmin(BackofficeMixin, ReadOnlyAdmin):
                     % {
                         "account": account,
                         "id": refused.account_id,
-                        "money": refused.money,
+                        "money": _money_and_hold(
+                            refused.balance, refused.held, refused.currency
+                        ),
                     },
                     messages.WARNING,
                 )

@@ -106,9 +106,20 @@ class AccountNotEmpty(DomainError):
     title = "Account not empty"
     default_detail = "Only an account that holds no money can be closed."
 
-    def __init__(self, detail: str, *, account_id: int, money: str, **extra) -> None:
-        self.account_id, self.money = account_id, money  # for a translated message
-        super().__init__(detail, account_id=account_id, **extra)
+    def __init__(
+        self, *, account_id: int, balance: int, held: int, currency: str
+    ) -> None:
+        # (Kept apart for a message in the reader's language: the back office's.)
+        self.account_id, self.balance, self.held = account_id, balance, held
+        self.currency = currency
+        money = f"{balance} {currency}" + (f" ({held} on hold)" if held else "")
+        super().__init__(
+            f"Account {account_id} holds {money}; only an account that holds "
+            "nothing can be closed.",
+            account_id=account_id,
+            balance=balance,
+            held=held,
+        )
 
 
 class NotAWallet(DomainError):

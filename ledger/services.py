@@ -55,7 +55,6 @@ from .models import (
     Transfer,
     TransferBatch,
 )
-from .money import format_money
 from .texts import entry_english, entry_params
 
 Leg = tuple[int, int]  # (account id, signed amount in minor units)
@@ -271,12 +270,15 @@ def merchant_credit_account(*, currency: str, spread_by: str) -> Account:
     code = merchant_sub_code(currency, zlib.crc32(spread_by.encode()) % count)
     account = Account.objects.select_related("parent").filter(code=code).first()
     if account is None:
+        merchant = merchant_account(currency=currency)
+        if _key_shared_status(merchant.pk) != Account.Status.ACTIVE:
+            return merchant
         account, _ = Account.objects.select_related("parent").get_or_create(
             code=code,
             defaults={
                 "kind": Account.Kind.MERCHANT,
                 "currency": currency,
-                "parent": merchant_account(currency=currency),
+                "parent": merchant,
             },
         )
     parent = account.parent
@@ -284,6 +286,24 @@ def merchant_credit_account(*, currency: str, spread_by: str) -> Account:
         return merchant_account(currency=currency)
     active = Account.Status.ACTIVE
     return account if account.status == parent.status == active else parent
+
+
+def _key_shared_status(account_id: int) -> str:
+    """The account's status now, its row held `FOR KEY SHARE` until the caller's
+    transaction ends: what a new sub-account's foreign key would take only at
+    COMMIT (Django's are deferred), taken before the sub-account is made. Closing
+    the merchant locks it `FOR UPDATE`, which conflicts: the close waits for this
+    payment and then sees its money, or goes first and this payment sees the
+    merchant closed. Payments crediting the merchant (`FOR NO KEY UPDATE`) do not
+    conflict with it. (SQLite runs one writer at a time.)"""
+    if connection.vendor != "postgresql":
+        return Account.objects.values_list("status", flat=True).get(pk=account_id)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT status FROM ledger_account WHERE id = %s FOR KEY SHARE",
+            [account_id],
+        )
+        return cursor.fetchone()[0]
 
 
 def sweep_reference(sub_account: Account) -> str:
@@ -636,8 +656,12 @@ def _account_transition(
     """
     with transaction.atomic(savepoint=False):
         # FOR NO KEY UPDATE: the status is no key, and a transaction committing a
-        # row that points at this one (a new sub-account) must not wait on it.
-        account = Account.objects.select_for_update(no_key=True).get(pk=account_id)
+        # row that points at this one (a new sub-account) must not wait on it. But
+        # a close locks FOR UPDATE: it must wait for a sub-account being made (see
+        # `_key_shared_status`) and see its money, or be waited for.
+        account = Account.objects.select_for_update(no_key=name != "close").get(
+            pk=account_id
+        )
         seen = seen_status_version
         if seen is not None and account.status_version != seen:
             raise StaleVersion(account_id=account_id, version=account.status_version)
@@ -677,19 +701,18 @@ def _refuse_unless_empty(account: Account) -> None:
     would pass over a row whose credit has not committed yet)."""
     rows = [account]
     if account.kind == Account.Kind.MERCHANT and account.parent_id is None:
-        rows += Account.objects.select_for_update(no_key=True).filter(parent=account)
+        rows += (
+            Account.objects.select_for_update(no_key=True)
+            .filter(parent=account)
+            .order_by("pk")
+        )
     for row in rows:
         if row.balance or row.held:
-            money = format_money(row.balance, row.currency)
-            if row.held:
-                money += f" ({format_money(row.held, row.currency)} on hold)"
             raise AccountNotEmpty(
-                f"Account {row.pk} holds {money}; only an account that holds "
-                "nothing can be closed.",
                 account_id=row.pk,
-                money=money,
                 balance=row.balance,
                 held=row.held,
+                currency=row.currency,
             )
 
 

@@ -2,14 +2,18 @@
 account. Each is the service the rest of the project uses, and each takes effect
 once however often its button is pressed, and from two browsers at once."""
 
+from datetime import timedelta
+
 import pytest
 from django.db import connection
+from django.utils import timezone
 
 from ledger.models import Account, JournalEntry
 from ledger.services import (
     account_close,
     account_freeze,
     account_unfreeze,
+    hold_authorize,
     ledger_transfer,
     merchant_account,
 )
@@ -316,11 +320,24 @@ def test_close_takes_only_an_empty_account_and_says_why_not(admin_client):
     assert any("now Closed" in m for m in messages_of(response))
 
 
-def test_close_refused_in_chinese(admin_client):
+def test_close_refused_in_chinese_with_the_hold(admin_client):
     _, _, alice = customer("alice", balance=150)
+    hold_authorize(
+        account_id=alice.pk,
+        amount=40,
+        reference="hold",
+        expires_at=timezone.now() + timedelta(hours=1),
+    )
+    response = freeze(admin_client, alice, 0, action="close")
+    assert any(
+        f"account {alice.pk} holds ¥1.50 (¥0.40 of it on hold)" in m
+        for m in messages_of(response)
+    ), messages_of(response)
     admin_client.defaults["HTTP_ACCEPT_LANGUAGE"] = "zh-hans"
     response = freeze(admin_client, alice, 0, action="close")
-    assert any(f"账户 {alice.pk} 仍有 ¥1.50" in m for m in messages_of(response))
+    shown = messages_of(response)
+    said = f"账户 {alice.pk} 仍有 ¥1.50（其中 ¥0.40 已冻结）"  # noqa: RUF001
+    assert any(said in m for m in shown), shown
 
 
 def test_freeze_with_a_damaged_status_shows_the_page_again(admin_client):

@@ -116,7 +116,7 @@ def test_only_an_account_that_holds_nothing_closes():
     """Nothing leaves a closed account: closing one that holds money, or reserves
     it for a hold, would keep that money there for good."""
     alice, bob = funded_wallet(100), funded_wallet(0)
-    with pytest.raises(AccountNotEmpty, match=r"holds ¥1\.00;"), transaction.atomic():
+    with pytest.raises(AccountNotEmpty, match=r"holds 100 CNY;"), transaction.atomic():
         account_close(account_id=alice.pk)
     hold = hold_authorize(
         account_id=alice.pk,
@@ -124,7 +124,7 @@ def test_only_an_account_that_holds_nothing_closes():
         reference="hold",
         expires_at=timezone.now() + timedelta(hours=1),
     )
-    on_hold = r"¥1\.00 \(¥0\.40 on hold\)"
+    on_hold = r"holds 100 CNY \(40 on hold\)"
     with pytest.raises(AccountNotEmpty, match=on_hold), transaction.atomic():
         account_close(account_id=alice.pk)
     alice.refresh_from_db()

@@ -497,6 +497,54 @@ def test_a_merchant_does_not_close_over_a_credit_in_flight_on_a_sub_account(
     assert_ledger_ok()
 
 
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("first", ["payment", "close"])
+def test_a_merchant_closing_while_a_payment_makes_its_sub_account(on_postgres, first):
+    """The payment's new sub-account would reference the merchant only at COMMIT
+    (deferred foreign keys), unseen by a close running meanwhile: the merchant
+    closed with a sub-account holding money it could never move. Whichever goes
+    first, the other waits: the close then sees the money and refuses, or the
+    payment finds the merchant closed and is refused."""
+    main = merchant_account(currency="CNY")  # empty, no sub-account yet
+    user, _, wallet = customer("payer", balance=500)
+    (order,) = orders_on_one_sub_account(user, [500])
+    started, go = threading.Event(), threading.Event()
+
+    def hold_open(work):
+        def run():
+            with transaction.atomic():
+                done = work()
+                started.set()
+                assert go.wait(30)
+            return done
+
+        return Background(run)
+
+    pay = lambda: payment_pay_with_balance(order_id=order.pk)  # noqa: E731
+    close = lambda: account_close(account_id=main.pk)  # noqa: E731
+    holder = hold_open(pay if first == "payment" else close)
+    holder.start()
+    assert started.wait(30)
+    other = Background(close if first == "payment" else pay)
+    other.start()
+    wait_for(blocked_on_lock, 30, "the second to wait for the first")
+    go.set()
+    held, waited = holder.outcome(), other.outcome()
+    main.refresh_from_db()
+    subs = list(Account.objects.filter(parent=main))
+    if first == "payment":
+        assert isinstance(held, Payment), held
+        assert isinstance(waited, AccountNotEmpty), waited
+        assert main.status == Account.Status.ACTIVE
+        assert [(s.status, s.balance) for s in subs] == [(Account.Status.ACTIVE, 500)]
+    else:
+        assert held.status == Account.Status.CLOSED
+        assert isinstance(waited, AccountNotActive), waited
+        assert subs == [] and balance(wallet) == 500
+    assert_ledger_ok()
+    assert ledger_report()["warnings"] == []
+
+
 def test_check_ledger_warns_of_a_sub_account_left_active_under_a_frozen_merchant():
     pay_orders(1)
     (sub,) = sub_accounts()
