@@ -23,7 +23,7 @@ from django.conf import settings
 from django.core.handlers.wsgi import LimitedStream
 from django.core.signals import setting_changed
 from django.dispatch import receiver
-from django.http import Http404, HttpRequest, HttpResponse
+from django.http import Http404, HttpRequest, HttpResponse, UnreadablePostError
 from django.urls import Resolver404, resolve
 
 from idempotency import metrics as idempotency_metrics
@@ -145,13 +145,28 @@ class RequestLimitsMiddleware:
                 "Payload too large",
                 f"The request body is larger than {limit} bytes.",
             )
-        declared = declared_length(request)
-        if declared and len(request.body) < declared:
+        if request.method in BODY_METHODS and not body_complete(request):
             refusal = RequestBodyIncomplete()
             return problem_response(
                 refusal.status, refusal.code, refusal.title, refusal.detail
             )
         return self.get_response(request)
+
+
+# The methods whose body a view reads (a GET's declared body is never waited for).
+BODY_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+
+
+def body_complete(request: HttpRequest) -> bool:
+    """Read the declared body now: False if the connection ended before all of it
+    came (closed, or reset: `UnreadablePostError`)."""
+    declared = declared_length(request)
+    if not declared:
+        return True
+    try:
+        return len(request.body) >= declared
+    except UnreadablePostError:
+        return False
 
 
 def has_nul(query: str | None) -> bool:

@@ -4,6 +4,7 @@ gunicorn's own refusals (a DEL in a header value, a request line over its limit)
 problem+json.
 """
 
+import io
 import json
 import shlex
 import socket
@@ -14,6 +15,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 from django.conf import settings
+from django.http import HttpResponse
 
 from idempotency.models import IdempotencyRecord
 from ledger.openapi import problem_codes
@@ -162,6 +164,35 @@ def test_a_body_cut_short_is_refused_though_what_came_parses(url):
     # The same request, whole, with the same key: it runs.
     answer = post_order(alice, url, body, "cut-1")
     assert answer.status_code == 201, answer.content
+
+
+class ResetStream(io.BytesIO):
+    """A connection reset mid-body, as the WSGI server's stream raises it."""
+
+    def read(self, *args: object) -> bytes:
+        raise ConnectionResetError("reset by peer")
+
+
+def limits_answer(method: str, **meta: str):
+    from django.test import RequestFactory
+
+    from ledger.middleware import RequestLimitsMiddleware
+
+    request = getattr(RequestFactory(), method)("/api/v1/orders")
+    request.META.update(meta)
+    request._stream = ResetStream()
+    return RequestLimitsMiddleware(lambda request: HttpResponse("ran"))(request)
+
+
+def test_a_body_reset_mid_upload_is_the_same_refusal_not_a_500():
+    answer = limits_answer("post", CONTENT_LENGTH="100000")
+    assert answer.status_code == 400
+    assert json.loads(answer.content)["code"] == "request_body_incomplete"
+
+
+def test_a_get_s_declared_body_is_not_waited_for():
+    # (Read, it would block until the client gave up: here it would raise.)
+    assert limits_answer("get", CONTENT_LENGTH="10").content == b"ran"
 
 
 def test_a_chunked_body_is_read_up_to_the_limit_only(url):
