@@ -21,6 +21,7 @@ from .backoffice import (
     once,
 )
 from .exceptions import (
+    AccountBusy,
     AccountNotEmpty,
     AccountTransitionRefused,
     DomainError,
@@ -308,6 +309,16 @@ class AccountAdmin(BackofficeMixin, ReadOnlyAdmin):
                     % {"account": account},
                     messages.WARNING,
                 )
+            except AccountBusy:
+                self.message_user(
+                    request,
+                    gettext(
+                        "%(account)s is busy (money is moving through it); not "
+                        "changed. Try again in a moment."
+                    )
+                    % {"account": account},
+                    messages.WARNING,
+                )
             except AccountNotEmpty as refused:
                 self.message_user(
                     request,
@@ -325,6 +336,17 @@ class AccountAdmin(BackofficeMixin, ReadOnlyAdmin):
                     messages.WARNING,
                 )
             except AccountTransitionRefused:
+                if service is services.account_close and account.parent_id:
+                    self.message_user(
+                        request,
+                        gettext(
+                            "%(account)s is a merchant sub-account; not closed. It "
+                            "closes with its merchant."
+                        )
+                        % {"account": account},
+                        messages.WARNING,
+                    )
+                    continue
                 self.message_user(
                     request,
                     gettext("%(account)s is %(status)s; not changed.")

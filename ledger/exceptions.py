@@ -97,6 +97,15 @@ class AccountTransitionRefused(DomainError):
     default_detail = "The account's state has no such transition."
 
 
+class AccountBusy(DomainError):
+    """A close could not lock the account in time: money kept moving through it."""
+
+    status = 409
+    code = "account_busy"
+    title = "Account busy"
+    default_detail = "Money is moving through the account; try again in a moment."
+
+
 class AccountNotEmpty(DomainError):
     """Closing an account that still holds money (or reserves it for a hold): once
     closed, nothing could move it out again."""

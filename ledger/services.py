@@ -12,6 +12,7 @@ its ledger entry in the same transaction as the order's new state and the idempo
 record that remembers the answer, so callers are allowed to wrap them.
 """
 
+import time
 import zlib
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
@@ -21,7 +22,7 @@ from typing import Any, cast
 
 from django.conf import settings
 from django.contrib.auth.models import User
-from django.db import IntegrityError, connection, transaction
+from django.db import IntegrityError, OperationalError, connection, transaction
 from django.db.models import F, Q, QuerySet
 from django.db.models.sql import UpdateQuery
 from django.utils import timezone
@@ -30,6 +31,7 @@ from django_fsm import TransitionNotAllowed
 from idempotency.sql import insert_many, insert_unless_exists
 
 from .exceptions import (
+    AccountBusy,
     AccountNotActive,
     AccountNotEmpty,
     AccountNotFound,
@@ -656,16 +658,25 @@ def _account_transition(
     """
     with transaction.atomic(savepoint=False):
         # FOR NO KEY UPDATE: the status is no key, and a transaction committing a
-        # row that points at this one (a new sub-account) must not wait on it. But
-        # a close locks FOR UPDATE: it must wait for a sub-account being made (see
-        # `_key_shared_status`) and see its money, or be waited for.
-        account = Account.objects.select_for_update(no_key=name != "close").get(
-            pk=account_id
-        )
+        # row that points at this one (a new sub-account) must not wait on it. A
+        # close, though, must see a sub-account being made: see `_lock_to_close`.
+        if name == "close":
+            account = _lock_to_close(account_id)
+        else:
+            account = Account.objects.select_for_update(no_key=True).get(pk=account_id)
         seen = seen_status_version
         if seen is not None and account.status_version != seen:
             raise StaleVersion(account_id=account_id, version=account.status_version)
         if name == "close":
+            if account.parent_id is not None:
+                # A payment may have chosen it a moment ago, its merchant active:
+                # closed now, the payment would be refused though the merchant
+                # takes money. It closes with its merchant (which waits for that).
+                raise AccountTransitionRefused(
+                    f"Account {account_id} is a merchant sub-account: it closes "
+                    "with its merchant.",
+                    status_now=account.status,
+                )
             _refuse_unless_empty(account)
         try:
             getattr(account, name)()
@@ -691,6 +702,41 @@ def _account_transition(
                 status_version=F("status_version") + 1,
             )
     return account
+
+
+# How long a close tries for its account's row lock before it says the account is
+# busy, and how long it rests between tries.
+CLOSE_LOCK_SECONDS = 5.0
+CLOSE_LOCK_REST = 0.05
+LOCK_NOT_AVAILABLE = "55P03"  # PostgreSQL's answer to a NOWAIT lock it cannot have
+
+
+def _lock_to_close(account_id: int) -> Account:
+    """The account, locked `FOR UPDATE` for its close; `AccountBusy` if that lock
+    cannot be had within `CLOSE_LOCK_SECONDS`.
+
+    `FOR UPDATE` conflicts with the `FOR KEY SHARE` a payment takes on a merchant
+    before it makes a sub-account (`_key_shared_status`): the close then sees the
+    new sub-account and its money, or the payment sees the merchant closed. But it
+    never waits in the row's queue (`NOWAIT`, tried again after a rest): a waiting
+    `FOR UPDATE` holds the row's place in line, and a refund or sweep holding a
+    wallet would queue behind it while the payment it waits for needs that wallet
+    next: a deadlock. Trying again instead, the close only ever waits for nothing.
+    """
+    deadline = time.monotonic() + CLOSE_LOCK_SECONDS
+    while True:
+        try:
+            with transaction.atomic():  # a savepoint: a refused try leaves no trace
+                return Account.objects.select_for_update(nowait=True).get(pk=account_id)
+        except OperationalError as refused:
+            if getattr(refused.__cause__, "sqlstate", None) != LOCK_NOT_AVAILABLE:
+                raise
+            if time.monotonic() >= deadline:
+                raise AccountBusy(
+                    f"Account {account_id} is busy (money is moving through it); "
+                    "try closing it again in a moment."
+                ) from None
+            time.sleep(CLOSE_LOCK_REST)
 
 
 def _refuse_unless_empty(account: Account) -> None:

@@ -11,8 +11,14 @@ from django.core import checks
 from django.db import transaction
 from django.db.models import Q
 
+import ledger.services
 import payments.services
-from ledger.exceptions import AccountNotActive, AccountNotEmpty
+from ledger.exceptions import (
+    AccountBusy,
+    AccountNotActive,
+    AccountNotEmpty,
+    AccountTransitionRefused,
+)
 from ledger.invariants import ledger_report
 from ledger.models import Account, JournalEntry
 from ledger.services import (
@@ -48,6 +54,7 @@ from tests.helpers import (
     pending_provider_payment,
     place_order,
     post_callback,
+    row_locked,
     wait_for,
 )
 
@@ -311,11 +318,33 @@ def test_a_sweep_that_dies_half_way_is_finished_by_the_next_one(monkeypatch):
     assert_ledger_ok()
 
 
+def test_a_sub_account_closes_only_with_its_merchant(admin_client):
+    """A payment may have chosen the sub-account a moment before, its merchant
+    active: closed alone, it would refuse that payment though the merchant takes
+    money. (Freezing one alone stays possible: frozen, it still takes money in.)"""
+    _, made = pay_orders(12)
+    sub = sub_accounts()[0]
+    refused = pytest.raises(AccountTransitionRefused, match="closes with its merchant")
+    with refused, transaction.atomic():
+        account_close(account_id=sub.pk)
+    page = admin_client.post(
+        f"/admin/ledger/account/backoffice/close/?ids={sub.pk}",
+        {f"status_{sub.pk}": sub.status_version},
+        follow=True,
+    )
+    assert "It closes with its merchant." in page.content.decode()
+    assert {s.status for s in sub_accounts()} == {Account.Status.ACTIVE}
+    refund_all(made)
+    account_close(account_id=merchant_account(currency="CNY").pk)
+    assert {s.status for s in sub_accounts()} == {Account.Status.CLOSED}
+
+
 def test_payments_that_would_land_on_a_closed_sub_account_credit_the_merchant():
+    """(Sub-accounts closed alone, before that was refused.)"""
     pay_orders(12)
     sweep_merchant_sub_accounts()
     closed = sub_accounts()[0]
-    account_close(account_id=closed.pk)
+    Account.objects.filter(pk=closed.pk).update(status=Account.Status.CLOSED)
     _, payments = pay_orders(12, username="later")
     assert balance(closed) == 0
     main = merchant_account(currency="CNY")
@@ -527,7 +556,10 @@ def test_a_merchant_closing_while_a_payment_makes_its_sub_account(on_postgres, f
     assert started.wait(30)
     other = Background(close if first == "payment" else pay)
     other.start()
-    wait_for(blocked_on_lock, 30, "the second to wait for the first")
+    if first == "payment":  # the close tries again and again (NOWAIT) meanwhile
+        time.sleep(0.5)
+    else:
+        wait_for(blocked_on_lock, 30, "the payment to wait for the close")
     go.set()
     held, waited = holder.outcome(), other.outcome()
     main.refresh_from_db()
@@ -543,6 +575,78 @@ def test_a_merchant_closing_while_a_payment_makes_its_sub_account(on_postgres, f
         assert subs == [] and balance(wallet) == 500
     assert_ledger_ok()
     assert ledger_report()["warnings"] == []
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_close_never_queues_for_the_merchant_row(monkeypatch, on_postgres):
+    """A payment making a sub-account share-locks the merchant, then debits its
+    wallet; a refund holding that wallet needs the merchant row next. Had the close
+    queued FOR UPDATE on the merchant between them, the refund would have queued
+    behind it: payment -> wallet -> refund -> close -> payment, a deadlock (a 500
+    to someone). The close tries NOWAIT instead, so nothing waits for it."""
+    user, _, wallet = customer(
+        "w-first", balance=1000
+    )  # its wallet before the merchant
+    other, _, _ = customer("other", balance=1000)
+    main = merchant_account(currency="CNY")
+    assert wallet.pk < main.pk
+    (paid_order,) = orders_on_one_sub_account(user, [100], number=0)
+    paid = payment_pay_with_balance(order_id=paid_order.pk)
+    (other_order,) = orders_on_one_sub_account(other, [100], number=0)
+    paid_other = payment_pay_with_balance(order_id=other_order.pk)
+    sweep_merchant_sub_accounts()  # refunds now take from the merchant's row
+    (fresh,) = orders_on_one_sub_account(user, [100], number=1)  # a new sub-account
+    chosen = payments.services.merchant_credit_account
+    made, go_on = threading.Event(), threading.Event()
+
+    def then_pause(**kwargs):
+        account = chosen(**kwargs)
+        if kwargs["spread_by"] == f"payment:{fresh.pk}":
+            made.set()
+            assert go_on.wait(30)
+        return account
+
+    monkeypatch.setattr(payments.services, "merchant_credit_account", then_pause)
+    payer = Background(lambda: payment_pay_with_balance(order_id=fresh.pk))
+    payer.start()
+    assert made.wait(30)  # it holds FOR KEY SHARE on the merchant
+    refunded_other, other_go = threading.Event(), threading.Event()
+
+    def refund_other_held_open():
+        with transaction.atomic():
+            payment_refund(payment_id=paid_other.pk)  # the merchant's row, held
+            refunded_other.set()
+            assert other_go.wait(30)
+
+    holder = Background(refund_other_held_open)
+    holder.start()
+    assert refunded_other.wait(30)
+    closer = Background(lambda: account_close(account_id=main.pk))
+    closer.start()
+    time.sleep(0.3)
+    refunder = Background(lambda: payment_refund(payment_id=paid.pk))
+    refunder.start()  # its wallet, then the merchant's row
+    time.sleep(0.5)
+    go_on.set()  # the payer goes on to debit the wallet
+    time.sleep(0.3)
+    other_go.set()
+    outcomes = [payer.outcome(), holder.outcome(), refunder.outcome()]
+    assert [type(o).__name__ for o in outcomes] == ["Payment", "NoneType", "Refund"]
+    assert isinstance(closer.outcome(), AccountNotEmpty), closer.outcome()
+    assert merchant_account(currency="CNY").status == Account.Status.ACTIVE
+    assert_ledger_ok()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_close_that_cannot_lock_the_account_in_time_says_it_is_busy(
+    monkeypatch, on_postgres
+):
+    main = merchant_account(currency="CNY")
+    monkeypatch.setattr(ledger.services, "CLOSE_LOCK_SECONDS", 0.3)
+    with row_locked(Account, main.pk), pytest.raises(AccountBusy):
+        account_close(account_id=main.pk)
+    assert merchant_account(currency="CNY").status == Account.Status.ACTIVE
+    assert account_close(account_id=main.pk).status == Account.Status.CLOSED
 
 
 def test_check_ledger_warns_of_a_sub_account_left_active_under_a_frozen_merchant():
