@@ -1,4 +1,3 @@
-from decimal import Decimal
 from typing import Any
 
 from django import forms
@@ -27,6 +26,7 @@ from .exceptions import (
     DomainError,
     StaleVersion,
 )
+from .forms import MoneyField, minor_units
 from .models import (
     Account,
     Hold,
@@ -38,9 +38,6 @@ from .models import (
 )
 from .money import format_money
 
-# Minor units per major unit: the credit form takes yuan (or dollars) with two
-# decimals, like the shop's order form.
-MINOR_PER_MAJOR = 100
 # The largest single credit, in minor units (as the API's largest amount).
 CREDIT_MAX = 10**15
 
@@ -79,16 +76,7 @@ class PostingInline(admin.TabularInline):
 
 
 class CreditForm(ActionForm):
-    amount = forms.DecimalField(
-        label=_("Amount"),
-        min_value=Decimal("0.01"),
-        max_value=Decimal(CREDIT_MAX) / MINOR_PER_MAJOR,
-        max_digits=15,
-        decimal_places=2,
-        widget=forms.NumberInput(
-            attrs={"step": "0.01", "min": "0.01", "inputmode": "decimal"}
-        ),
-    )
+    amount = MoneyField(label=_("Amount"), max_minor=CREDIT_MAX)
     description = forms.CharField(
         label=_("Description"),
         max_length=255,
@@ -97,7 +85,7 @@ class CreditForm(ActionForm):
     )
 
     def amount_minor_units(self) -> int:
-        return int(self.cleaned_data["amount"] * MINOR_PER_MAJOR)
+        return minor_units(self.cleaned_data["amount"])
 
 
 class StatusesForm(ServerFilledForm):

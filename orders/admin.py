@@ -1,5 +1,4 @@
 import uuid
-from decimal import Decimal
 from typing import Any
 
 from django import forms
@@ -17,11 +16,11 @@ from django.utils.translation import gettext_lazy as _
 from ledger.backoffice import ServerFilledForm, money_column
 from ledger.currencies import SUPPORTED_CURRENCIES
 from ledger.exceptions import DomainError
+from ledger.forms import MoneyField, major_units, minor_units
 
 from . import services
 from .exceptions import OutOfStock
 from .fields import MAX_AMOUNT, MAX_STOCK_MOVE
-from .forms import MINOR_PER_MAJOR, major_units
 from .models import Order, OrderItem, PreOrder, Product, StockMovement
 
 
@@ -195,16 +194,7 @@ class StockAdjustForm(ServerFilledForm):
 
 class ProductForm(forms.ModelForm):
     # Staff type a price as the shop shows it (12.50), not in minor units.
-    price = forms.DecimalField(
-        label=_("price"),
-        min_value=Decimal("0.01"),
-        max_value=Decimal(MAX_AMOUNT) / MINOR_PER_MAJOR,
-        max_digits=15,
-        decimal_places=2,
-        widget=forms.NumberInput(
-            attrs={"step": "0.01", "min": "0.01", "inputmode": "decimal"}
-        ),
-    )
+    price = MoneyField(label=_("price"), max_minor=MAX_AMOUNT)
     currency = forms.ChoiceField(
         choices=[(code, code) for code in SUPPORTED_CURRENCIES]
     )
@@ -219,7 +209,7 @@ class ProductForm(forms.ModelForm):
             self.initial["price"] = major_units(self.instance.price)
 
     def clean_price(self) -> int:
-        return int(self.cleaned_data["price"] * MINOR_PER_MAJOR)
+        return minor_units(self.cleaned_data["price"])
 
 
 @admin.register(Product)

@@ -1,20 +1,13 @@
 from collections.abc import Iterable, Mapping
-from decimal import Decimal
 from typing import Any
 
 from django import forms
 from django.utils.translation import gettext_lazy as _
 
+from ledger.forms import MoneyField, minor_units
+
 from .fields import MAX_AMOUNT, MAX_ITEM_QUANTITY
 from .models import MERCHANT_ORDER_NO_MAX_LENGTH, Product
-
-# Minor units per major unit; the web form takes yuan (or dollars) with two decimals.
-MINOR_PER_MAJOR = 100
-
-
-def major_units(minor: int) -> Decimal:
-    """1234 -> Decimal("12.34"): what the form shows for an amount in minor units."""
-    return (Decimal(minor) / MINOR_PER_MAJOR).quantize(Decimal("0.01"))
 
 
 class OrderForm(forms.Form):
@@ -23,17 +16,7 @@ class OrderForm(forms.Form):
     token = forms.CharField(
         widget=forms.HiddenInput, max_length=MERCHANT_ORDER_NO_MAX_LENGTH
     )
-    amount = forms.DecimalField(
-        label=_("Amount"),
-        required=False,
-        min_value=Decimal("0.01"),
-        max_value=Decimal(MAX_AMOUNT) / MINOR_PER_MAJOR,
-        max_digits=15,
-        decimal_places=2,
-        widget=forms.NumberInput(
-            attrs={"step": "0.01", "min": "0.01", "inputmode": "decimal"}
-        ),
-    )
+    amount = MoneyField(label=_("Amount"), required=False, max_minor=MAX_AMOUNT)
     description = forms.CharField(
         label=_("What is it for?"),
         max_length=255,
@@ -110,4 +93,4 @@ class OrderForm(forms.Form):
         ]
 
     def amount_minor_units(self) -> int:
-        return int(self.cleaned_data["amount"] * MINOR_PER_MAJOR)
+        return minor_units(self.cleaned_data["amount"])

@@ -13,6 +13,7 @@ from django.utils.translation import gettext as _
 from django.views.decorators.http import require_GET, require_POST
 
 from ledger.auth import authenticated
+from ledger.forms import major_units
 from ledger.selectors import account_postings
 from ledger.services import wallet_get_or_create
 
@@ -26,7 +27,7 @@ from .exceptions import (
     ProductUnknown,
 )
 from .fields import MAX_ORDER_LINES
-from .forms import OrderForm, major_units
+from .forms import OrderForm
 from .models import PreOrder
 from .paging import keyset_page
 from .selectors import (
