@@ -25,6 +25,7 @@ from .exceptions import (
     AccountTransitionRefused,
     DomainError,
     StaleVersion,
+    SubAccountClosesWithMerchant,
 )
 from .forms import MoneyField, minor_units
 from .models import (
@@ -323,18 +324,17 @@ class AccountAdmin(BackofficeMixin, ReadOnlyAdmin):
                     },
                     messages.WARNING,
                 )
-            except AccountTransitionRefused:
-                if service is services.account_close and account.parent_id:
-                    self.message_user(
-                        request,
-                        gettext(
-                            "%(account)s is a merchant sub-account; not closed. It "
-                            "closes with its merchant."
-                        )
-                        % {"account": account},
-                        messages.WARNING,
+            except SubAccountClosesWithMerchant:
+                self.message_user(
+                    request,
+                    gettext(
+                        "%(account)s is a merchant sub-account; not closed. It "
+                        "closes with its merchant."
                     )
-                    continue
+                    % {"account": account},
+                    messages.WARNING,
+                )
+            except AccountTransitionRefused:
                 self.message_user(
                     request,
                     gettext("%(account)s is %(status)s; not changed.")

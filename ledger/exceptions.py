@@ -131,6 +131,12 @@ class AccountNotEmpty(DomainError):
         )
 
 
+class SubAccountClosesWithMerchant(AccountTransitionRefused):
+    """A merchant sub-account closed alone: a payment may have chosen it a moment
+    before, its merchant active, and would be refused though the merchant takes
+    money. It closes with its merchant."""
+
+
 class NotAWallet(DomainError):
     status = 422
     code = "not_a_wallet"

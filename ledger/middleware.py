@@ -30,7 +30,11 @@ from idempotency import metrics as idempotency_metrics
 
 from . import metrics
 from .logging import key_digest
-from .problems import RequestBodyIncomplete, problem_response
+from .problems import (
+    RequestBodyIncomplete,
+    domain_error_response,
+    problem_response,
+)
 
 log = logging.getLogger("ledger.requests")
 REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}\Z")
@@ -146,10 +150,7 @@ class RequestLimitsMiddleware:
                 f"The request body is larger than {limit} bytes.",
             )
         if request.method in BODY_METHODS and not body_complete(request):
-            refusal = RequestBodyIncomplete()
-            return problem_response(
-                refusal.status, refusal.code, refusal.title, refusal.detail
-            )
+            return domain_error_response(RequestBodyIncomplete())
         return self.get_response(request)
 
 

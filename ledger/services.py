@@ -45,6 +45,7 @@ from .exceptions import (
     RecipientUnknown,
     ReferenceConflict,
     StaleVersion,
+    SubAccountClosesWithMerchant,
     TransferBatchRefused,
 )
 from .journal import GENESIS, chain_hash
@@ -669,10 +670,7 @@ def _account_transition(
             raise StaleVersion(account_id=account_id, version=account.status_version)
         if name == "close":
             if account.parent_id is not None:
-                # A payment may have chosen it a moment ago, its merchant active:
-                # closed now, the payment would be refused though the merchant
-                # takes money. It closes with its merchant (which waits for that).
-                raise AccountTransitionRefused(
+                raise SubAccountClosesWithMerchant(
                     f"Account {account_id} is a merchant sub-account: it closes "
                     "with its merchant.",
                     status_now=account.status,
