@@ -131,8 +131,9 @@ class RequestLimitsMiddleware:
       that Django would not read at all) is read up to the limit and one byte more,
       then handed on as a body of known length if it fits.
     * A body shorter than its `Content-Length` (the client closed the connection
-      mid-upload): `400 request_body_incomplete`. It is read here, whole, before
-      any view sees a part of it.
+      mid-upload), or a chunked body that cannot be read to its end (cut short, or
+      its chunks malformed): `400 request_body_incomplete`. It is read here, whole,
+      before any view sees a part of it.
     """
 
     def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
@@ -142,7 +143,10 @@ class RequestLimitsMiddleware:
         if "\x00" in request.path_info or has_nul(request.META.get("QUERY_STRING")):
             raise Http404("NUL in the URL")
         limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
-        if limit is not None and body_length(request, limit) > limit:
+        length = body_length(request, limit)
+        if length is None:
+            return domain_error_response(RequestBodyIncomplete())
+        if limit is not None and length > limit:
             return problem_response(
                 413,
                 "payload_too_large",
@@ -185,8 +189,9 @@ def declared_length(request: HttpRequest) -> int:
         return 0
 
 
-def body_length(request: HttpRequest, limit: int) -> int:
-    """The body's length as declared; of a chunked body, what was read of it."""
+def body_length(request: HttpRequest, limit: int) -> int | None:
+    """The body's length as declared; of a chunked body, what was read of it (None
+    when it could not be read)."""
     if request.META.get("CONTENT_LENGTH"):
         return declared_length(request)
     encoding = request.META.get("HTTP_TRANSFER_ENCODING", "")
@@ -196,10 +201,16 @@ def body_length(request: HttpRequest, limit: int) -> int:
     return read_chunked(request, stream, limit)
 
 
-def read_chunked(request: HttpRequest, stream: Any, limit: int) -> int:
+def read_chunked(request: HttpRequest, stream: Any, limit: int) -> int | None:
     """Read a chunked body up to `limit` + 1 bytes; if it fits, make it the request's
-    body, with a length, as Django reads one."""
-    body = stream.read(limit + 1)
+    body, with a length, as Django reads one. None when it cannot be read: the
+    connection ended before its last chunk, or a chunk is malformed (the server's
+    reader raises; gunicorn's `NoMoreData` is an `OSError`, a bad chunk one of its
+    `ParseException`s, neither of which this module may name)."""
+    try:
+        body = stream.read(limit + 1)
+    except Exception:  # any failure to read it: no body to run on
+        return None
     if len(body) <= limit:
         request.META["CONTENT_LENGTH"] = str(len(body))
         readable = LimitedStream(io.BytesIO(body), len(body))

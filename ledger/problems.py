@@ -13,16 +13,18 @@ PROBLEM_CONTENT_TYPE = "application/problem+json"
 
 
 class RequestBodyIncomplete(ProblemError):
-    """The connection ended before the body its `Content-Length` declared: the
-    client gave up mid-upload, and what arrived may even parse (a JSON object cut
-    after its last member). Nothing runs on it (`ledger.middleware`)."""
+    """The connection ended before the body its `Content-Length` declared, or a
+    chunked body could not be read to its last chunk: the client gave up
+    mid-upload (what arrived may even parse: a JSON object cut after its last
+    member), or sent chunks that are no chunks. Nothing runs on it
+    (`ledger.middleware`)."""
 
     status = 400
     code = "request_body_incomplete"
     title = "Request body incomplete"
     default_detail = (
-        "The body ended before the length its Content-Length declared; nothing "
-        "was done."
+        "The body ended before its declared end (its Content-Length, or a chunked "
+        "body's last chunk), or its chunks could not be read; nothing was done."
     )
 
 

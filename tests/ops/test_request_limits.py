@@ -130,26 +130,16 @@ def test_a_declared_length_over_the_limit_is_refused_before_the_body_is_read(url
     assert time.monotonic() - started < 5
 
 
-def test_a_body_cut_short_is_refused_though_what_came_parses(url):
-    """The client declares 100 bytes, sends a whole JSON object of fewer, and
-    closes its side: an upload given up, not a request to run."""
-    alice = Customer("alice")
-    body = order_body(alice, url)
-    head = (
-        b"POST /api/v1/orders HTTP/1.1\r\nHost: 127.0.0.1\r\n"
-        b"Authorization: Token " + alice.token.encode() + b"\r\n"
-        b"Idempotency-Key: cut-1\r\nContent-Type: application/json\r\n"
-        b"Content-Length: %d\r\n\r\n" % (len(body) + 40)
-    )
+def sent_then_closed(url: str, request: bytes) -> tuple[int, dict, bytes]:
+    """Send `request` and close our side, as a client that gives up mid-upload."""
     host, port = url.removeprefix("http://").split(":")
     with socket.create_connection((host, int(port)), timeout=10) as conn:
-        conn.sendall(head + body)
+        conn.sendall(request)
         conn.shutdown(socket.SHUT_WR)
         answer = b""
         while chunk := conn.recv(65536):
             answer += chunk
-    head_of, _, problem_body = answer.partition(b"\r\n\r\n")
-    status = int(head_of.split()[1])
+    head_of, _, body = answer.partition(b"\r\n\r\n")
     headers = {
         name.strip().lower(): value.strip()
         for name, _, value in (
@@ -157,12 +147,50 @@ def test_a_body_cut_short_is_refused_though_what_came_parses(url):
         )
     }
     if headers.get("transfer-encoding") == "chunked":
-        problem_body = dechunk(problem_body)
-    assert_problem(status, headers, problem_body, 400, "request_body_incomplete")
+        body = dechunk(body)
+    return int(head_of.split()[1]), headers, body
+
+
+# How a body can end before its end: what came may parse as a whole JSON object.
+CUT_SHORT = {
+    # 40 bytes fewer than the Content-Length declares.
+    "declared length": lambda body: (
+        b"Content-Length: %d\r\n\r\n%s" % (len(body) + 40, body)
+    ),
+    # A chunk that declares 40 bytes more than came.
+    "chunk cut short": lambda body: (
+        b"Transfer-Encoding: chunked\r\n\r\n%x\r\n%s" % (len(body) + 40, body)
+    ),
+    # Every chunk whole, but no last chunk (`0`) after them.
+    "no last chunk": lambda body: (
+        b"Transfer-Encoding: chunked\r\n\r\n%x\r\n%s\r\n" % (len(body), body)
+    ),
+    # A chunk whose size is no hexadecimal number.
+    "malformed chunk": lambda body: (
+        b"Transfer-Encoding: chunked\r\n\r\nzz\r\n%s\r\n0\r\n\r\n" % body
+    ),
+}
+
+
+@pytest.mark.parametrize("cut", CUT_SHORT)
+def test_a_body_cut_short_is_refused_though_what_came_parses(url, cut):
+    """The client sends a whole JSON object but not the body it announced, and
+    closes its side: an upload given up, not a request to run."""
+    alice = Customer("alice")
+    body = order_body(alice, url)
+    key = f"cut-{uuid.uuid4()}"
+    head = (
+        b"POST /api/v1/orders HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+        b"Authorization: Token " + alice.token.encode() + b"\r\n"
+        b"Idempotency-Key: " + key.encode() + b"\r\n"
+        b"Content-Type: application/json\r\n"
+    )
+    status, headers, problem = sent_then_closed(url, head + CUT_SHORT[cut](body))
+    assert_problem(status, headers, problem, 400, "request_body_incomplete")
     assert not Order.objects.exists()
-    assert not IdempotencyRecord.objects.filter(key="cut-1").exists()
+    assert not IdempotencyRecord.objects.filter(key=key).exists()
     # The same request, whole, with the same key: it runs.
-    answer = post_order(alice, url, body, "cut-1")
+    answer = post_order(alice, url, body, key)
     assert answer.status_code == 201, answer.content
 
 
