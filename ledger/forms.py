@@ -27,10 +27,12 @@ class MoneyField(forms.DecimalField):
     """An amount from 0.01 up to `max_minor` minor units, two decimals at most."""
 
     def __init__(self, *, max_minor: int, **kwargs: Any) -> None:
+        largest = major_units(max_minor)
         super().__init__(
             min_value=Decimal("0.01"),
-            max_value=Decimal(max_minor) / MINOR_PER_MAJOR,
-            max_digits=15,
+            max_value=largest,
+            # As many digits as the largest amount has: the bound is `max_value`'s.
+            max_digits=len(largest.as_tuple().digits),
             decimal_places=2,
             widget=forms.NumberInput(
                 attrs={"step": "0.01", "min": "0.01", "inputmode": "decimal"}

@@ -159,6 +159,28 @@ def test_staff_type_prices_as_the_shop_shows_them(staff):
     assert Product.objects.get(sku="MUG").price == 1250
 
 
+def test_the_largest_price_is_typed_and_kept(staff):
+    """Up to the API's largest amount, to the fen: a product priced there (as
+    `create_product` may make one) can be saved again, renamed."""
+    from ledger.fields import MAX_AMOUNT
+    from orders.models import Product
+    from orders.services import product_get_or_create
+
+    largest = f"{MAX_AMOUNT // 100}.{MAX_AMOUNT % 100:02d}"
+    mug = {"sku": "MUG", "name": "Mug", "price": largest, "currency": "CNY"}
+    assert staff.post("/admin/orders/product/add/", mug).status_code == 302
+    assert Product.objects.get(sku="MUG").price == MAX_AMOUNT
+    tea, _ = product_get_or_create(
+        sku="TEA", name="Tea", price=MAX_AMOUNT, currency="CNY"
+    )
+    change = f"/admin/orders/product/{tea.pk}/change/"
+    assert f'value="{largest}"' in staff.get(change).content.decode()
+    renamed = {"name": "Green tea", "price": largest, "currency": "CNY"}
+    assert staff.post(change, renamed).status_code == 302
+    tea.refresh_from_db()
+    assert (tea.name, tea.price) == ("Green tea", MAX_AMOUNT)
+
+
 def test_a_product_save_writes_only_what_its_form_edits(staff):
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
