@@ -1,3 +1,4 @@
+import time
 from typing import Any
 
 from django import forms
@@ -41,6 +42,8 @@ from .money import format_money
 
 # The largest single credit, in minor units (as the API's largest amount).
 CREDIT_MAX = 10**15
+# How long one press of a freeze, unfreeze or close may work through its accounts.
+TRANSITIONS_SECONDS = 20.0
 
 
 class ReadOnlyAdmin(admin.ModelAdmin):
@@ -281,7 +284,21 @@ class AccountAdmin(BackofficeMixin, ReadOnlyAdmin):
                 rows=[(account, account.get_status_display()) for account in accounts],
                 status=400 if form.is_bound else 200,
             )
-        for account in accounts:
+        # Each busy account may wait `CLOSE_LOCK_SECONDS` for its lock: past this
+        # budget the rest are left as they are, well inside the server's timeout.
+        deadline = time.monotonic() + TRANSITIONS_SECONDS
+        for done, account in enumerate(accounts):
+            if time.monotonic() > deadline:
+                self.message_user(
+                    request,
+                    gettext(
+                        "Not reached in time, so not changed: %(accounts)s. Select "
+                        "them and try again."
+                    )
+                    % {"accounts": ", ".join(str(left) for left in accounts[done:])},
+                    messages.WARNING,
+                )
+                break
             try:
                 with transaction.atomic(durable=True):  # this page is the entry point
                     changed = service(

@@ -386,3 +386,28 @@ def test_action_pages_need_staff_and_the_action(client, admin_client):
         response = admin_client.get(f"{ACCOUNTS}backoffice/credit/?ids={ids}")
         assert response.status_code == 303, ids
     assert admin_client.put(url).status_code == 405
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_close_of_busy_accounts_stops_in_time_and_names_the_rest(
+    admin_client, monkeypatch, on_postgres
+):
+    """Each busy account may wait for its lock: one press works through them for a
+    bounded time, well inside the server's timeout, and names what it left."""
+    import ledger.admin
+    import ledger.services
+    from tests.helpers import row_locked
+
+    monkeypatch.setattr(ledger.services, "CLOSE_LOCK_SECONDS", 0.3)
+    monkeypatch.setattr(ledger.admin, "TRANSITIONS_SECONDS", 0.5)
+    wallets = [customer(name)[2] for name in ("ann", "bea", "cy")]
+    seen = {f"status_{wallet.pk}": 0 for wallet in wallets}
+    selected = [wallet.pk for wallet in wallets]
+    with row_locked(Account, wallets[0].pk), row_locked(Account, wallets[1].pk):
+        response = apply_action(admin_client, ACCOUNTS, "close", selected, **seen)
+    shown = messages_of(response)
+    assert sum("is busy" in m for m in shown) == 2, shown
+    (left,) = [m for m in shown if "Not reached in time" in m]
+    assert str(wallets[2]) in left and str(wallets[0]) not in left
+    statuses = Account.objects.filter(pk__in=selected).values_list("status", flat=True)
+    assert set(statuses) == {Account.Status.ACTIVE}  # the third one left as it was
