@@ -123,8 +123,7 @@ def notification_body(note: Notification) -> bytes:
             "event_id": note.event_id,
             "merchant_order_no": charge.merchant_order_no,
             "provider_txn_id": charge.txn_id,
-            # (A notification made before `outcome` was kept: the charge's.)
-            "status": note.outcome or charge.status,
+            "status": note.outcome,
             "amount": charge.amount,
         }
     ).encode()

@@ -1,4 +1,6 @@
-"""Migration 0003 backfills the postings written before `balance_after`."""
+"""Migrations that backfill what older rows lack: the ledger's 0003 the postings
+written before `balance_after`, the provider simulator's 0007 the notifications
+made before `outcome`."""
 
 import pytest
 from django.db import connection
@@ -49,3 +51,30 @@ def test_old_postings_are_backfilled_with_the_balance_after_them(on_postgres):
                     (2, 120, 3), (3, 30, 1)]  # fmt: skip
     report = ledger_report()
     assert report["ok"], report["violations"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_old_notifications_are_backfilled_with_the_outcome_they_reported(
+    on_postgres,
+):
+    from payments.provider.models import Notification
+
+    migrate([("provider_sim", "0006_notification_outcome")])
+    try:
+        with connection.cursor() as cursor:
+            # Declined, then reopened and paid: the charge's status moved on.
+            cursor.execute(
+                "INSERT INTO provider_sim_charge (id, txn_id, merchant_order_no,"
+                " amount, currency, description, return_url, status, created_at)"
+                " VALUES (1, 'P1', '1001', 100, 'CNY', '', '', 'SUCCESS', now())"
+            )
+            cursor.execute(
+                "INSERT INTO provider_sim_notification (id, charge_id, event_id,"
+                " outcome, attempts, created_at) VALUES"
+                " (1, 1, 'P1-1-FAILED', '', 1, now()),"
+                " (2, 1, 'P1-2-SUCCESS', '', 1, now())"
+            )
+    finally:
+        migrate()
+    outcomes = Notification.objects.order_by("pk").values_list("outcome", flat=True)
+    assert list(outcomes) == ["FAILED", "SUCCESS"]
