@@ -343,8 +343,8 @@ def payment_cancel_open_charges_later(order_id: int) -> None:
     """Run when an order was cancelled (`orders.services.order_cancel_listener`): a
     provider payment still open is cancelled at the provider once the cancel
     commits, so the payer can no longer pay a cancelled order on the pay page
-    (the money would come, and go back as a refund). An order cancelled because it
-    expired unpaid is left to the re-drive, which cancels its charge the same way."""
+    (the money would come, and go back as a refund). Whoever cancelled it: the
+    caller, staff, or the expiry of an unpaid order or of its hold."""
     if _pending_provider_payments(order_id).exists():
         enqueue_on_commit(CANCEL_OPEN_CHARGES, order_id)
 
@@ -881,13 +881,16 @@ def payments_stuck(*, older_than_seconds: int, limit: int = 100) -> list[int]:
     cannot keep a later payment, paid but its notification lost, from being asked.
     """
     cutoff = DatabaseNow(plus=-timedelta(seconds=older_than_seconds))
-    with transaction.atomic():
+    with transaction.atomic(savepoint=False):
         ids = list(
             Payment.objects.filter(
                 method=Payment.Method.PROVIDER,
                 status=Payment.Status.PENDING,
                 created_at__lt=cutoff,
             )
+            # Two re-drives at once (a beat's run overlapping the next) share the
+            # work instead of both asking about the same payments.
+            .select_for_update(skip_locked=True)
             .order_by(F("provider_asked_at").asc(nulls_first=True), "pk")
             .values_list("pk", flat=True)[:limit]
         )

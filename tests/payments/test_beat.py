@@ -86,6 +86,44 @@ def test_every_stuck_payment_is_asked_in_its_turn_however_many_wait():
     assert payments_stuck(older_than_seconds=60, limit=3)[0] == newest
 
 
+@pytest.mark.django_db(transaction=True)
+def test_two_re_drives_at_once_share_the_stuck_payments(on_postgres):
+    """A run still asking while the next one starts: each payment is asked about
+    by one of them, not by both."""
+    import threading
+
+    from django.db import transaction
+
+    from tests.conftest import Background
+
+    user, _, _ = customer("erin", balance=5000)
+    made = []
+    for _ in range(4):
+        order = place_order(user)
+        made.append(
+            Payment.objects.create(
+                order=order, method="provider", amount=order.amount, currency="CNY"
+            ).pk
+        )
+        age(Payment, made[-1], 120)
+    taken, go_on = threading.Event(), threading.Event()
+
+    def first_run() -> list[int]:
+        with transaction.atomic():
+            ids = payments_stuck(older_than_seconds=60, limit=2)
+            taken.set()
+            assert go_on.wait(30)
+        return ids
+
+    first = Background(first_run)
+    first.start()
+    assert taken.wait(30)
+    second = payments_stuck(older_than_seconds=60)
+    go_on.set()
+    assert first.outcome() == made[:2]
+    assert second == made[2:]
+
+
 def settle_at_provider(pay_url: str, action: str) -> None:
     """The payer's confirmation, whose callback never reaches us (no worker runs)."""
     with httpx.Client(timeout=10) as browser:
