@@ -71,6 +71,15 @@ def test_create_customer_takes_any_name_a_sign_up_would():
         assert create_customer(name)["username"] == name
 
 
+def test_create_customer_finds_a_customer_made_before_names_were_checked():
+    """Running it again returns the same customer, whatever name it has."""
+    from ledger.services import customer_get_or_create
+
+    _, token, wallet = customer_get_or_create(username="old name", currency="CNY")
+    again = create_customer("old name")
+    assert (again["token"], again["account"]) == (token, wallet.pk)
+
+
 def test_create_customer_refuses_a_staff_user():
     get_user_model().objects.create_superuser("admin", password="x")
     with pytest.raises(CommandError, match="is a staff user"):

@@ -23,16 +23,19 @@ class Command(BaseCommand):
         parser.add_argument("--password", default=None)
 
     def handle(self, *args, name: str, balance: int | None, password: str | None, **_):
-        username = get_user_model()._meta.get_field("username")
+        User = get_user_model()
+        existing = User.objects.filter(username=name).values_list("is_staff", flat=True)
+        if True in existing:
+            raise CommandError(f"{name!r} is a staff user, not a customer")
         try:
-            username.clean(name, None)  # what a sign-up form would take
+            # What a sign-up form would take; a customer made before the command
+            # checked names is found again all the same, as the contract promises.
+            if not existing:
+                User._meta.get_field("username").clean(name, None)
         except ValidationError as refused:
             raise CommandError(
                 f"{name!r} is no username: {' '.join(refused.messages)}"
             ) from None
-        staff = get_user_model().objects.filter(username=name, is_staff=True)
-        if staff.exists():
-            raise CommandError(f"{name!r} is a staff user, not a customer")
         if balance is not None and not 0 <= balance <= MAX_AMOUNT:
             raise CommandError(
                 f"--balance is 0 to {MAX_AMOUNT} minor units, not {balance}"
