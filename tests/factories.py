@@ -170,3 +170,5 @@ class NotificationFactory(factory.django.DjangoModelFactory):
 
     charge = factory.SubFactory(ChargeFactory)
     event_id = factory.Sequence(lambda n: f"evt-sim-{n}")
+    # What the event reports: the charge's outcome when it was made.
+    outcome = factory.LazyAttribute(lambda note: note.charge.status)
