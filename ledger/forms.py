@@ -1,13 +1,16 @@
 """Money typed into a web form: as the shop shows it (`12.50`), never in minor units.
 
 One field for every form that takes an amount (the shop's order form, the admin's
-credit and product forms), so that they all accept and refuse the same input.
+credit and product forms), so that they all accept and refuse the same input; and
+numbers of units typed as plainly (the shop's quantities, the admin's stock moves).
 """
 
+import re
 from decimal import Decimal
 from typing import Any
 
 from django import forms
+from django.core.exceptions import ValidationError
 
 # Minor units per major unit: forms take yuan (or dollars) with two decimals.
 MINOR_PER_MAJOR = 100
@@ -23,8 +26,32 @@ def minor_units(major: Decimal) -> int:
     return int(major * MINOR_PER_MAJOR)
 
 
+# Digits as a person types them: Python's own number parsing would also read
+# `1e5` (100000), `1_000`, `+5` and digits of other scripts.
+PLAIN_DECIMAL = re.compile(r"[0-9]+(?:\.[0-9]*)?|\.[0-9]+")
+PLAIN_INTEGER = re.compile(r"-?[0-9]+")
+
+
+def plain(value: Any, pattern: re.Pattern[str], field: forms.Field) -> Any:
+    """`value` if it is empty or written as `pattern` says; else the field's own
+    "enter a number" refusal."""
+    if value in field.empty_values:
+        return value
+    if not pattern.fullmatch(str(value).strip()):
+        raise ValidationError(field.error_messages["invalid"], code="invalid")
+    return value
+
+
+class PlainIntegerField(forms.IntegerField):
+    """A whole number in ASCII digits, nothing else (`1e3`, `1_000` are refused)."""
+
+    def to_python(self, value: Any) -> int | None:
+        return super().to_python(plain(value, PLAIN_INTEGER, self))
+
+
 class MoneyField(forms.DecimalField):
-    """An amount from 0.01 up to `max_minor` minor units, two decimals at most."""
+    """An amount from 0.01 up to `max_minor` minor units, two decimals at most,
+    typed in plain ASCII digits (`12`, `12.5`, `12.50`)."""
 
     def __init__(self, *, max_minor: int, **kwargs: Any) -> None:
         largest = major_units(max_minor)
@@ -39,3 +66,6 @@ class MoneyField(forms.DecimalField):
             ),
             **kwargs,
         )
+
+    def to_python(self, value: Any) -> Decimal | None:
+        return super().to_python(plain(value, PLAIN_DECIMAL, self))

@@ -16,7 +16,7 @@ from django.utils.translation import gettext_lazy as _
 from ledger.backoffice import ServerFilledForm, money_column
 from ledger.currencies import SUPPORTED_CURRENCIES
 from ledger.exceptions import DomainError
-from ledger.forms import MoneyField, major_units, minor_units
+from ledger.forms import MoneyField, PlainIntegerField, major_units, minor_units
 
 from . import services
 from .exceptions import OutOfStock
@@ -178,7 +178,7 @@ class StockAdjustForm(ServerFilledForm):
     # A one-time token made when the form is shown: it becomes the movement's
     # reference, so a second click (or a resubmitted page) moves nothing.
     token = forms.UUIDField(widget=forms.HiddenInput)
-    quantity = forms.IntegerField(
+    quantity = PlainIntegerField(
         label=_("Units to add (negative to remove)"),
         min_value=-MAX_STOCK_MOVE,
         max_value=MAX_STOCK_MOVE,

@@ -4,7 +4,7 @@ from typing import Any
 from django import forms
 from django.utils.translation import gettext_lazy as _
 
-from ledger.forms import MoneyField, minor_units
+from ledger.forms import MoneyField, PlainIntegerField, minor_units
 
 from .fields import MAX_AMOUNT, MAX_ITEM_QUANTITY
 from .models import MERCHANT_ORDER_NO_MAX_LENGTH, Product
@@ -32,7 +32,7 @@ class OrderForm(forms.Form):
         # characters a form field name should not).
         self.products = list(products)
         for product in self.products:
-            self.fields[self.quantity_field(product)] = forms.IntegerField(
+            self.fields[self.quantity_field(product)] = PlainIntegerField(
                 label=product.name,
                 required=False,
                 min_value=0,

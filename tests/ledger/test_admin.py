@@ -147,7 +147,8 @@ def test_credit_from_two_browsers_at_once_credits_once(admin_user, on_postgres):
 
 
 @pytest.mark.parametrize(
-    "amount", ["-5", "0", "0.001", "1e20", "99999999999999999", "abc", "", "NaN"]
+    "amount",
+    ["-5", "0", "0.001", "1e20", "99999999999999999", "abc", "", "NaN", "1e3", "1_0"],
 )
 def test_credit_refuses_bad_amounts_with_a_message(admin_client, amount):
     _, _, wallet = customer("alice")

@@ -589,7 +589,15 @@ def test_web_order_out_of_stock_shows_the_form_again(client, alice):
 
 @pytest.mark.parametrize(
     ("quantity", "amount"),
-    [("2", "5.00"), ("0", ""), ("", ""), ("-1", ""), ("1001", ""), ("x", "")],
+    [
+        ("2", "5.00"),
+        ("0", ""),
+        ("", ""),
+        ("-1", ""),
+        ("1001", ""),
+        ("x", ""),
+        *((typed, "") for typed in ("1e2", "1_0", "+2", "٢", "2.0")),
+    ],
 )
 def test_web_order_bad_choices(client, alice, quantity, amount):
     user, _, _ = alice
