@@ -968,7 +968,11 @@ def transfer_batch_create(
     usernames = {item.to for item in items}
     recipients = {
         user.get_username(): user
-        for user in User.objects.filter(username__in=usernames).exclude(pk=sender.pk)
+        # Only customers receive: staff and deactivated users are nobody to send to
+        # (and a refusal of theirs must not tell that they exist).
+        for user in User.objects.filter(
+            username__in=usernames, is_active=True, is_staff=False
+        ).exclude(pk=sender.pk)
     }
     locked = Account.objects.select_for_update().filter(
         owner_id__in=[sender.pk, *(user.pk for user in recipients.values())],

@@ -191,6 +191,23 @@ def test_insufficient_funds_names_balance_held_and_available(alice, bob):
     assert problem["amount"] == 3_000
 
 
+@pytest.mark.parametrize("who", ["staff", "gone"])
+def test_staff_and_deactivated_users_are_no_recipients(alice, who):
+    """Unknown, as a name nobody has: the refusal tells nothing of who exists."""
+    from django.contrib.auth import get_user_model
+
+    User = get_user_model()
+    if who == "staff":
+        User.objects.create_superuser(who, password="x")
+    else:
+        customer(who)
+        User.objects.filter(username=who).update(is_active=False)
+    _, client, wallet = alice
+    body = {"to": who, "amount": 1, "currency": "CNY"}
+    assert_problem(send(client, body, new_key()), 422, "recipient_unknown")
+    assert balance(wallet) == 10_000
+
+
 @pytest.mark.parametrize(
     ("body", "status", "code"),
     [
