@@ -157,3 +157,26 @@ def test_the_admin_password_shown_is_one_that_lets_the_admin_in(settings, tmp_pa
     fresh = demo_seed()["admin"]["password"]
     admin.refresh_from_db()
     assert fresh and admin.check_password(fresh)
+
+
+def test_check_ledger_on_a_database_never_migrated_says_so(tmp_path):
+    """As an operator runs it against an empty data folder: one line that says
+    what to do, not a traceback about a missing table."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.servers import ROOT
+
+    env = {"PATH": os.environ["PATH"], "LEDGER_DATA_DIR": str(tmp_path)}
+    ran = subprocess.run(
+        [sys.executable, "manage.py", "check_ledger"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert ran.returncode == 2, ran.stderr
+    assert "migrations not applied: run `manage.py migrate` first" in ran.stderr
+    assert "Traceback" not in ran.stderr

@@ -1,6 +1,8 @@
 import json
 
 from django.core.management.base import BaseCommand, CommandError
+from django.db import connection
+from django.db.migrations.executor import MigrationExecutor
 
 from ledger.invariants import ledger_report
 
@@ -12,6 +14,14 @@ class Command(BaseCommand):
     )
 
     def handle(self, *args, **options) -> None:
+        executor = MigrationExecutor(connection)
+        if executor.migration_plan(executor.loader.graph.leaf_nodes()):
+            # (An empty or old database: its tables are missing, not its money.)
+            raise CommandError(
+                f"{connection.settings_dict['NAME']} has migrations not applied: "
+                "run `manage.py migrate` first, then check the ledger",
+                returncode=2,
+            )
         report = ledger_report()
         self.stdout.write(json.dumps(report, sort_keys=True))
         for warning in report["warnings"]:
