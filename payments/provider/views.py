@@ -127,7 +127,10 @@ def pay_page(request: HttpRequest, txn_id: str) -> HttpResponse:
     """The payer's page: the charge, and Confirm / Decline (Post-Redirect-Get).
 
     A charge the merchant cancelled cannot be confirmed: a POST from a page opened
-    before the cancel is refused (`409`, the page saying why), never settled.
+    before the cancel is refused (`409`, the page saying why), never settled. The
+    merchant's cancel reaches the provider by a task, moments after the order's: a
+    confirmation in between is paid, and the merchant refunds it as the late
+    success for a cancelled order it is.
     """
     charge = get_object_or_404(Charge, txn_id=txn_id)
     if request.method == "POST":
