@@ -147,9 +147,14 @@ def execute(
             raise
     waiting.until_finished(call, wait)
     # Now a replay, or a run of our own if the first one freed the key (a 5xx), or,
-    # still in flight at the deadline, the 409 after all.
-    response = _walk(call, run, phased=phased, taken=None)
-    response[PREFERENCE_APPLIED] = f"wait={wait}"
+    # still in flight at the deadline, the 409 after all: each says it waited.
+    applied = {PREFERENCE_APPLIED: f"wait={wait}"}
+    try:
+        response = _walk(call, run, phased=phased, taken=None)
+    except IdempotencyKeyInFlight as busy:
+        busy.headers = {**busy.headers, **applied}
+        raise
+    response[PREFERENCE_APPLIED] = applied[PREFERENCE_APPLIED]
     return response
 
 

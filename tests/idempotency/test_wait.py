@@ -88,6 +88,9 @@ def test_still_in_flight_at_the_deadline_is_409(store, alice, key):
     assert time.monotonic() - began >= 0.9
     assert second.status_code == 409
     assert second.json()["code"] == "idempotency_key_in_flight"
+    # It did wait, and says so; the poll hint stays.
+    assert second["Preference-Applied"] == "wait=1"
+    assert second["Retry-After"] == "1"
     assert first.outcome().status_code == 201
     assert alice.deposits() == 1
 
@@ -102,6 +105,7 @@ def test_without_a_preference_a_duplicate_is_409_at_once(store, alice, key):
         answer = post(alice, "/test/deposits", body, key, prefer=prefer)
         assert answer.status_code == 409, (prefer, answer.content)
         assert time.monotonic() - began < 2  # not waited (a busy machine is slow)
+        assert "Preference-Applied" not in answer
     assert first.outcome().status_code == 201
     assert alice.deposits() == 1
 
