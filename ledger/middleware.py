@@ -130,6 +130,9 @@ class RequestLimitsMiddleware:
       read. A chunked body (no `Content-Length`; gunicorn passes it on as a stream
       that Django would not read at all) is read up to the limit and one byte more,
       then handed on as a body of known length if it fits.
+    * A body in a content coding (`Content-Encoding: gzip`): `415
+      unsupported_media_type`. Nothing here decodes one, and read as it is the
+      compressed bytes would be no JSON: refused before any view, the key free.
     * A body shorter than its `Content-Length` (the client closed the connection
       mid-upload), or a chunked body that cannot be read to its end (cut short, or
       its chunks malformed): `400 request_body_incomplete`. It is read here, whole,
@@ -142,6 +145,15 @@ class RequestLimitsMiddleware:
     def __call__(self, request: HttpRequest) -> HttpResponse:
         if "\x00" in request.path_info or has_nul(request.META.get("QUERY_STRING")):
             raise Http404("NUL in the URL")
+        coding = request.META.get("HTTP_CONTENT_ENCODING", "").strip().lower()
+        if request.method in BODY_METHODS and coding not in ("", "identity"):
+            return problem_response(
+                415,
+                "unsupported_media_type",
+                "Unsupported media",
+                f"A body in Content-Encoding {coding!r} is not read here; send it "
+                "as it is, without a Content-Encoding.",
+            )
         limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
         length = body_length(request, limit)
         if length is None:

@@ -194,6 +194,40 @@ def test_a_body_cut_short_is_refused_though_what_came_parses(url, cut):
     assert answer.status_code == 201, answer.content
 
 
+def test_a_compressed_body_is_415_and_its_key_stays_free(url):
+    """Nothing decodes a content coding: read as it is, the body is no JSON."""
+    import gzip
+
+    alice = Customer("alice")
+    body, key = order_body(alice, url), f"gz-{uuid.uuid4()}"
+    headers = {
+        "Authorization": f"Token {alice.token}",
+        "Idempotency-Key": key,
+        "Content-Type": "application/json",
+    }
+    answer = httpx.post(
+        f"{url}/api/v1/orders",
+        content=gzip.compress(body),
+        headers={**headers, "Content-Encoding": "gzip"},
+        timeout=30,
+    )
+    assert_problem(
+        answer.status_code,
+        dict(answer.headers),
+        answer.content,
+        415,
+        "unsupported_media_type",
+    )
+    assert not IdempotencyRecord.objects.filter(key=key).exists()
+    plain = httpx.post(
+        f"{url}/api/v1/orders",
+        content=body,
+        headers={**headers, "Content-Encoding": "identity"},
+        timeout=30,
+    )
+    assert plain.status_code == 201, plain.content
+
+
 class ResetStream(io.BytesIO):
     """A connection reset mid-body, as the WSGI server's stream raises it."""
 
