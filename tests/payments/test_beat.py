@@ -61,13 +61,10 @@ def test_only_provider_payments_pending_past_the_timeout_are_stuck():
     assert payments_stuck(older_than_seconds=60) == [payment.pk]
 
 
-def test_every_stuck_payment_is_asked_in_its_turn_however_many_wait():
-    """More stuck payments than one run asks about (checkouts left open, each
-    still pending at the provider): each run asks about those asked least
-    recently, so a later payment is not left out behind the older ones."""
-    user, _, _ = customer("dave", balance=5000)
+def stuck_provider_payments(user, count: int) -> list[int]:
+    """`count` provider payments of `user`'s, pending two minutes, oldest first."""
     made = []
-    for _ in range(7):
+    for _ in range(count):
         order = place_order(user)
         made.append(
             Payment.objects.create(
@@ -75,14 +72,19 @@ def test_every_stuck_payment_is_asked_in_its_turn_however_many_wait():
             ).pk
         )
         age(Payment, made[-1], 120)
+    return made
+
+
+def test_every_stuck_payment_is_asked_in_its_turn_however_many_wait():
+    """More stuck payments than one run asks about (checkouts left open, each
+    still pending at the provider): each run asks about those asked least
+    recently, so a later payment is not left out behind the older ones."""
+    user, _, _ = customer("dave", balance=5000)
+    made = stuck_provider_payments(user, 7)
     runs = [payments_stuck(older_than_seconds=60, limit=3) for _ in range(3)]
     assert runs == [made[0:3], made[3:6], [made[6], made[0], made[1]]]
     # A new one, never asked, comes first.
-    order = place_order(user)
-    newest = Payment.objects.create(
-        order=order, method="provider", amount=order.amount, currency="CNY"
-    ).pk
-    age(Payment, newest, 120)
+    (newest,) = stuck_provider_payments(user, 1)
     assert payments_stuck(older_than_seconds=60, limit=3)[0] == newest
 
 
@@ -96,16 +98,7 @@ def test_two_re_drives_at_once_share_the_stuck_payments(on_postgres):
 
     from tests.conftest import Background
 
-    user, _, _ = customer("erin", balance=5000)
-    made = []
-    for _ in range(4):
-        order = place_order(user)
-        made.append(
-            Payment.objects.create(
-                order=order, method="provider", amount=order.amount, currency="CNY"
-            ).pk
-        )
-        age(Payment, made[-1], 120)
+    made = stuck_provider_payments(customer("erin", balance=5000)[0], 4)
     taken, go_on = threading.Event(), threading.Event()
 
     def first_run() -> list[int]:
