@@ -67,5 +67,6 @@ class MoneyField(forms.DecimalField):
             **kwargs,
         )
 
-    def to_python(self, value: Any) -> Decimal | None:
+    # (django-stubs type DecimalField's `to_python` as its base IntegerField's.)
+    def to_python(self, value: Any) -> Decimal | None:  # type: ignore[override]
         return super().to_python(plain(value, PLAIN_DECIMAL, self))
