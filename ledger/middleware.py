@@ -201,7 +201,7 @@ def declared_length(request: HttpRequest) -> int:
         return 0
 
 
-def body_length(request: HttpRequest, limit: int) -> int | None:
+def body_length(request: HttpRequest, limit: int | None) -> int | None:
     """The body's length as declared; of a chunked body, what was read of it (None
     when it could not be read)."""
     if request.META.get("CONTENT_LENGTH"):
@@ -213,17 +213,18 @@ def body_length(request: HttpRequest, limit: int) -> int | None:
     return read_chunked(request, stream, limit)
 
 
-def read_chunked(request: HttpRequest, stream: Any, limit: int) -> int | None:
-    """Read a chunked body up to `limit` + 1 bytes; if it fits, make it the request's
+def read_chunked(request: HttpRequest, stream: Any, limit: int | None) -> int | None:
+    """Read a chunked body up to `limit` + 1 bytes (all of it with no limit); if it
+    fits, make it the request's
     body, with a length, as Django reads one. None when it cannot be read: the
     connection ended before its last chunk, or a chunk is malformed (the server's
     reader raises; gunicorn's `NoMoreData` is an `OSError`, a bad chunk one of its
     `ParseException`s, neither of which this module may name)."""
     try:
-        body = stream.read(limit + 1)
+        body = stream.read() if limit is None else stream.read(limit + 1)
     except Exception:  # any failure to read it: no body to run on
         return None
-    if len(body) <= limit:
+    if limit is None or len(body) <= limit:
         request.META["CONTENT_LENGTH"] = str(len(body))
         readable = LimitedStream(io.BytesIO(body), len(body))
         request._stream = readable  # type: ignore[assignment]

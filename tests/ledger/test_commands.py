@@ -57,7 +57,9 @@ def test_create_customer_refuses_a_balance_out_of_range_and_creates_nothing(bala
     assert not get_user_model().objects.filter(username="bob").exists()
 
 
-@pytest.mark.parametrize("name", ["", " ", "bad name!", "a/b", "x" * 151, "tab\tname"])
+@pytest.mark.parametrize(
+    "name", ["", " ", "bad name!", "a/b", "x" * 151, "tab\tname", "a\x00b", "a\udcffb"]
+)
 def test_create_customer_refuses_a_name_no_client_could_use(name):
     """A transfer names its recipient by username: "" or "bad name!" would make a
     customer nobody can send to."""
@@ -177,6 +179,6 @@ def test_check_ledger_on_a_database_never_migrated_says_so(tmp_path):
         text=True,
         timeout=60,
     )
-    assert ran.returncode == 2, ran.stderr
+    assert ran.returncode == 3, ran.stderr
     assert "migrations not applied: run `manage.py migrate` first" in ran.stderr
     assert "Traceback" not in ran.stderr

@@ -252,6 +252,22 @@ def test_a_body_reset_mid_upload_is_the_same_refusal_not_a_500():
     assert json.loads(answer.content)["code"] == "request_body_incomplete"
 
 
+def test_with_no_limit_a_chunked_body_is_read_whole():
+    from django.test import RequestFactory, override_settings
+
+    from ledger.middleware import RequestLimitsMiddleware
+
+    request = RequestFactory().post("/api/v1/orders")
+    del request.META["CONTENT_LENGTH"]
+    request.META["HTTP_TRANSFER_ENCODING"] = "chunked"
+    request.META["wsgi.input"] = io.BytesIO(b'{"a": 1}')
+    with override_settings(DATA_UPLOAD_MAX_MEMORY_SIZE=None):
+        answer = RequestLimitsMiddleware(lambda request: HttpResponse(request.body))(
+            request
+        )
+    assert (answer.status_code, answer.content) == (200, b'{"a": 1}')
+
+
 def test_a_get_s_declared_body_is_not_waited_for():
     # (Read, it would block until the client gave up: here it would raise.)
     assert limits_answer("get", CONTENT_LENGTH="10").content == b"ran"

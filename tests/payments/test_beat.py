@@ -90,8 +90,8 @@ def test_every_stuck_payment_is_asked_in_its_turn_however_many_wait():
 
 @pytest.mark.django_db(transaction=True)
 def test_two_re_drives_at_once_share_the_stuck_payments(on_postgres):
-    """A run still asking while the next one starts: each payment is asked about
-    by one of them, not by both."""
+    """Two runs picking at the same moment (beats overlapping on a slow
+    database): each payment is picked by one of them, not by both."""
     import threading
 
     from django.db import transaction

@@ -20,7 +20,7 @@ class Command(BaseCommand):
             raise CommandError(
                 f"{connection.settings_dict['NAME']} has migrations not applied: "
                 "run `manage.py migrate` first, then check the ledger",
-                returncode=2,
+                returncode=3,  # (1 is a violation, 2 a command line argparse refused)
             )
         report = ledger_report()
         self.stdout.write(json.dumps(report, sort_keys=True))

@@ -10,6 +10,15 @@ from ledger.fields import MAX_AMOUNT
 from ledger.services import customer_get_or_create, wallet_top_up
 
 
+def storable(text: str) -> bool:
+    """Can PostgreSQL text hold it (no NUL, no lone surrogate)?"""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return "\x00" not in text
+
+
 class Command(BaseCommand):
     help = (
         "Create (or find) a customer with an API token and a wallet; print one JSON "
@@ -24,18 +33,18 @@ class Command(BaseCommand):
 
     def handle(self, *args, name: str, balance: int | None, password: str | None, **_):
         User = get_user_model()
-        existing = User.objects.filter(username=name).values_list("is_staff", flat=True)
-        if True in existing:
-            raise CommandError(f"{name!r} is a staff user, not a customer")
         try:
-            # What a sign-up form would take; a customer made before the command
-            # checked names is found again all the same, as the contract promises.
-            if not existing:
-                User._meta.get_field("username").clean(name, None)
+            User._meta.get_field("username").clean(name, None)  # as a sign-up would
         except ValidationError as refused:
-            raise CommandError(
-                f"{name!r} is no username: {' '.join(refused.messages)}"
-            ) from None
+            # A customer made before the command checked names is found again all
+            # the same, as the contract promises (a name the database cannot even
+            # hold, with a NUL or a lone surrogate, is nobody's).
+            if not (storable(name) and User.objects.filter(username=name).exists()):
+                raise CommandError(
+                    f"{name!r} is no username: {' '.join(refused.messages)}"
+                ) from None
+        if User.objects.filter(username=name, is_staff=True).exists():
+            raise CommandError(f"{name!r} is a staff user, not a customer")
         if balance is not None and not 0 <= balance <= MAX_AMOUNT:
             raise CommandError(
                 f"--balance is 0 to {MAX_AMOUNT} minor units, not {balance}"
