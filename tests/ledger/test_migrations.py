@@ -1,10 +1,12 @@
 """Migrations that backfill what older rows lack: the ledger's 0003 the postings
 written before `balance_after`, the provider simulator's 0007 the notifications
-made before `outcome`."""
+made before `outcome`; and the idempotency's 0006, which changes the collation of
+a table that already holds records."""
 
 import pytest
-from django.db import connection
+from django.db import IntegrityError, connection, transaction
 from django.db.migrations.executor import MigrationExecutor
+from django.forms.models import model_to_dict
 
 from ledger.invariants import ledger_report
 from ledger.models import Posting
@@ -78,3 +80,51 @@ def test_old_notifications_are_backfilled_with_the_outcome_they_reported(
         migrate()
     outcomes = Notification.objects.order_by("pk").values_list("outcome", flat=True)
     assert list(outcomes) == ["FAILED", "SUCCESS"]
+
+
+def _collations() -> dict[str, str | None]:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT column_name, collation_name FROM information_schema.columns"
+            " WHERE table_name = 'idempotency_idempotencyrecord'"
+            " AND column_name IN ('scope', 'key')"
+        )
+        return dict(cursor.fetchall())
+
+
+@pytest.mark.django_db(transaction=True)
+def test_stored_keys_are_compared_byte_for_byte_after_the_migration(on_postgres):
+    from idempotency.models import IdempotencyRecord
+
+    migrate([("idempotency", "0005_labels_2")])
+    try:
+        assert _collations() == {"scope": None, "key": None}
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "INSERT INTO idempotency_idempotencyrecord (scope, key, endpoint,"
+                " method, path, fingerprint, request_fields, status,"
+                " response_headers, recovery_point, recovery_data, created_at,"
+                " expires_at) VALUES ('user:1', 'K-1', 'e', 'POST', '/', 'f', '{}',"
+                " 'succeeded', '{}', 'started', '{}', now(), now())"
+            )
+    finally:
+        migrate()
+    assert _collations() == {"scope": "C", "key": "C"}
+    record = IdempotencyRecord.objects.get(scope="user:1", key="K-1")
+    # The unique index was rebuilt, and still refuses a second record for the key.
+    with pytest.raises(IntegrityError):
+        IdempotencyRecord.objects.create(**{
+            **model_to_dict(record, exclude=["id"]),
+            "expires_at": record.expires_at,
+        })  # fmt: skip
+    # The index still serves the lookup, whose parameters are of the default collation.
+    with transaction.atomic(), connection.cursor() as cursor:
+        # (one row: the planner would rather scan it)
+        cursor.execute("SET LOCAL enable_seqscan = off")
+        cursor.execute(
+            "EXPLAIN SELECT id FROM idempotency_idempotencyrecord"
+            " WHERE scope = %s AND key = %s",
+            ["user:1", "K-1"],
+        )
+        plan = " ".join(row[0] for row in cursor.fetchall())
+    assert "idempotency_scope_key" in plan
