@@ -22,9 +22,9 @@ class OpaqueCharField(models.CharField):
     words. On PostgreSQL the column is `COLLATE "C"`, so each comparison is a
     `memcmp`. Under the database's default collation (a libc locale such as
     `C.UTF-8` or `en_US.UTF-8`) each one calls `strcoll`, and a descent of the unique
-    index makes about a dozen per level: the lookup then costs more with every level
-    the index grows. Equality is the same either way (a deterministic collation
-    breaks ties byte for byte). SQLite compares bytes already.
+    index makes several per level, so every level the index grows by costs more (the
+    README's "Growth" measures both). Equality is the same either way (a
+    deterministic collation breaks ties byte for byte). SQLite compares bytes already.
     """
 
     def db_parameters(self, connection: Any) -> dict[str, Any]:
