@@ -35,7 +35,9 @@ def preferred_wait(prefer: str | None) -> int:
         name, _, value = preference.strip().partition("=")
         if name.strip().lower() == "wait":
             value = value.strip().strip('"')
-            if value.isascii() and value.isdigit() and int(value) > 0:
-                return min(int(value), 10)
-            return 0
+            digits = value.lstrip("0")
+            if not (value.isascii() and value.isdigit() and digits):
+                return 0
+            # (Length first: int() of 4,301 digits raises.)
+            return min(int(digits), 10) if len(digits) < 3 else 10
     return 0

@@ -27,6 +27,7 @@ from .fields import (
     StrictIntegerField,
     StrictNestedSerializer,
 )
+from .forms import row_id
 from .openapi import IDEMPOTENCY_KEY
 from .selectors import account_postings, transfer_batch_get, transfer_get
 from .services import (
@@ -117,11 +118,7 @@ class NewestFirst(CheckedCursor):
     page_size_query_param = "page_size"
 
     def position_ok(self, position: str) -> bool:
-        # A row id: a 64-bit integer (length first: int() of 4301 digits raises).
-        digits = position.removeprefix("-")
-        if not (0 < len(digits) < 20 and digits.isascii() and digits.isdigit()):
-            return False
-        return int(digits) < 2**63
+        return row_id(position.removeprefix("-")) is not None
 
 
 class AccountEntriesApi(APIView):

@@ -21,7 +21,7 @@ from django import forms
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
 from django.db.models import Model, QuerySet
-from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils.html import format_html
@@ -30,6 +30,7 @@ from django.utils.translation import gettext_lazy as _
 
 from idempotency.calls import idempotent_call
 
+from .forms import row_id
 from .money import format_money
 
 T = TypeVar("T")
@@ -185,11 +186,14 @@ class BackofficeMixin:
         if request.method not in ("GET", "POST"):
             return HttpResponse(status=405, headers={"Allow": "GET, POST"})
         raw = request.GET.get("ids", "").split(",")
-        ids = [int(pk) for pk in raw if pk.isascii() and pk.isdigit() and len(pk) < 19]
+        ids = [pk for pk in map(row_id, raw) if pk is not None]
         queryset = self.get_queryset(request).filter(pk__in=ids[: self.MAX_OBJECTS])  # type: ignore[attr-defined]
+        page = getattr(self, f"{action}_page", None)
+        if page is None:  # an action done at once, without a page of its own
+            raise Http404
         if not queryset.exists():
             return self.done()
-        return getattr(self, f"{action}_page")(request, queryset)
+        return page(request, queryset)
 
 
 def action_page(

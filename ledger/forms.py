@@ -2,7 +2,8 @@
 
 One field for every form that takes an amount (the shop's order form, the admin's
 credit and product forms), so that they all accept and refuse the same input; and
-numbers of units typed as plainly (the shop's quantities, the admin's stock moves).
+numbers of units typed as plainly (the shop's quantities, the admin's stock moves);
+and the ids of rows that pages send back.
 """
 
 import re
@@ -41,6 +42,18 @@ def plain(value: Any, pattern: re.Pattern[str], field: forms.Field) -> Any:
     if not pattern.fullmatch(str(value).strip()):
         raise ValidationError(field.error_messages["invalid"], code="invalid")
     return value
+
+
+def row_id(value: str | None) -> int | None:
+    """A row's id as a page or a link sends it back (a form field, a query string):
+    a positive 64-bit integer in ASCII digits. Anything else names no row (None).
+    Length first: `int()` of 4,301 digits raises."""
+    if value is None or not (
+        0 < len(value) < 20 and value.isascii() and value.isdigit()
+    ):
+        return None
+    number = int(value)
+    return number if 0 < number < 2**63 else None
 
 
 class PlainIntegerField(forms.IntegerField):

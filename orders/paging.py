@@ -12,6 +12,8 @@ from typing import Any
 from django.db.models import Model, QuerySet
 from django.http import QueryDict
 
+from ledger.forms import row_id
+
 PAGE_SIZE = 20
 
 
@@ -30,19 +32,11 @@ class Page:
         return self.newer is not None or self.older is not None
 
 
-def _cursor(value: str | None) -> int | None:
-    """A row id from the query string; anything else names no page (the first)."""
-    if value is None or not value.isascii() or not value.isdigit() or len(value) > 19:
-        return None
-    number = int(value)
-    return number if 0 < number < 2**63 else None
-
-
 def keyset_page(
     queryset: QuerySet[Model], query: QueryDict, *, size: int = PAGE_SIZE
 ) -> Page:
     """The page of `queryset` (newest first by primary key) that `query` names."""
-    after = _cursor(query.get("after"))
+    after = row_id(query.get("after"))  # None: the first page
     if after is not None:
         rows = list(queryset.filter(pk__gt=after).order_by("pk")[: size + 1])
         if len(rows) > size:  # still newer rows above this page
@@ -55,7 +49,7 @@ def keyset_page(
                 else None,
             )
         # Back at the top: that is the first page, full, whatever `after` said.
-    before = _cursor(query.get("before")) if after is None else None
+    before = row_id(query.get("before")) if after is None else None
     rows_query = queryset if before is None else queryset.filter(pk__lt=before)
     rows = list(rows_query.order_by("-pk")[: size + 1])
     items = rows[:size]

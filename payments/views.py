@@ -22,6 +22,7 @@ from idempotency.engine import Phases
 from idempotency.exceptions import IdempotencyKeyInFlight, IdempotencyKeyReused
 from ledger.auth import authenticated
 from ledger.exceptions import AccountNotActive, DomainError, InsufficientFunds
+from ledger.forms import row_id
 from orders.exceptions import OrderAlreadyPaid, OrderNotPayable
 from orders.models import REFUNDABLE_STATES, Order
 from orders.paging import keyset_page
@@ -166,15 +167,11 @@ def order_refund(request: HttpRequest, merchant_order_no: str) -> HttpResponse:
     """
     order = order_get(owner=authenticated(request), merchant_order_no=merchant_order_no)
     token = request.POST.get("token", "")
-    payment_id = request.POST.get("payment", "")
-    if (
-        not FORM_TOKEN.fullmatch(token)
-        or not payment_id.isascii()
-        or not payment_id.isdigit()
-    ):
+    payment_id = row_id(request.POST.get("payment"))
+    if not FORM_TOKEN.fullmatch(token) or payment_id is None:
         messages.error(request, _("This form was not valid; please try again."))
         return to_order(order.merchant_order_no)
-    payment = payment_get(owner=authenticated(request), payment_id=int(payment_id))
+    payment = payment_get(owner=authenticated(request), payment_id=payment_id)
     if payment.order_id != order.pk:
         raise Http404("no such payment on this order")
     try:

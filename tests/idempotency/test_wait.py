@@ -132,6 +132,10 @@ def test_a_different_request_under_a_waited_key_is_still_422(store, alice, key):
         ("wait=0", 0),
         ("wait=1.5", 0),
         ("wait=\u00b2", 0),  # a digit to str.isdigit, not to int(): once a 500
+        # More digits than int() reads (4,300): once a 500.
+        ("wait=" + "9" * 5000, 10),
+        ("wait=" + "0" * 5000 + "7", 7),
+        ("wait=" + "0" * 5000, 0),
         ("wait=", 0),
         ("handling=lenient", 0),
         (None, 0),

@@ -100,6 +100,16 @@ def test_transitions_and_titles_read_in_chinese(admin_client, paid):
         assert label in index, label
 
 
+def test_actions_without_a_page_have_no_action_page(admin_client, paid):
+    # Capture and void act at once from the list: their page's address names
+    # nothing (it once answered 500).
+    payment, _ = paid
+    for action in ("capture", "void"):
+        url = f"{PAYMENTS}backoffice/{action}/?ids={payment.pk}&token={'a' * 32}"
+        assert admin_client.get(url).status_code == 404, action
+    assert Payment.objects.get().status == payment.status
+
+
 def test_refund_gives_the_money_back_once(admin_client, paid):
     payment, wallet = paid
     page = open_action(admin_client, PAYMENTS, "refund", [payment.pk])
