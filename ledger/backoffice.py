@@ -183,14 +183,14 @@ class BackofficeMixin:
     def backoffice_view(self, request: HttpRequest, action: str) -> HttpResponse:
         if action not in self.get_actions(request):  # type: ignore[attr-defined]
             raise PermissionDenied
+        page = getattr(self, f"{action}_page", None)
+        if page is None:  # an action done at once, without a page of its own
+            raise Http404
         if request.method not in ("GET", "POST"):
             return HttpResponse(status=405, headers={"Allow": "GET, POST"})
         raw = request.GET.get("ids", "").split(",")
         ids = [pk for pk in map(row_id, raw) if pk is not None]
         queryset = self.get_queryset(request).filter(pk__in=ids[: self.MAX_OBJECTS])  # type: ignore[attr-defined]
-        page = getattr(self, f"{action}_page", None)
-        if page is None:  # an action done at once, without a page of its own
-            raise Http404
         if not queryset.exists():
             return self.done()
         return page(request, queryset)
