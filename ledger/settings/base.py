@@ -47,7 +47,7 @@ ALLOWED_HOSTS = env(
 CSRF_TRUSTED_ORIGINS = [o for o in env("DJANGO_CSRF_TRUSTED_ORIGINS").split(",") if o]
 
 INSTALLED_APPS = [
-    "django.contrib.admin",
+    "ledger.apps.AdminConfig",  # Django's admin on the back office's site
     "django.contrib.auth",
     "django.contrib.contenttypes",
     "django.contrib.sessions",
