@@ -43,6 +43,7 @@ __all__ = [
     "customer",
     "event_body",
     "free_port",
+    "key_taken",
     "new_key",
     "pending_provider_payment",
     "place_order",
@@ -145,6 +146,30 @@ def blocked_on_lock(model: type[Model] | None = None) -> bool:
             [pattern],
         )
         return cursor.fetchone()[0] > 0
+
+
+def key_taken(key: str, seconds: float = 20) -> None:
+    """Wait until a request with `key` is past authentication and holds the key in
+    the engine: its phased record is committed, or (atomic mode) another session
+    holds an advisory lock. (The replay middleware's Redis lock comes before
+    authentication: it says nothing about that.)"""
+    from idempotency.models import IdempotencyRecord
+
+    def taken() -> bool:
+        if IdempotencyRecord.objects.filter(key=key).exists():
+            return True
+        with connection.cursor() as cursor:
+            cursor.execute(  # pg_locks is the whole server's: this database only
+                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'"
+                " AND pid <> pg_backend_pid() AND database ="
+                " (SELECT oid FROM pg_database WHERE datname = current_database())"
+            )
+            return cursor.fetchone()[0] > 0
+
+    deadline = time.monotonic() + seconds
+    while not taken():
+        assert time.monotonic() < deadline, "the first request never took the key"
+        time.sleep(0.02)
 
 
 # -- the provider: its payments and signed callbacks ---------------------------------

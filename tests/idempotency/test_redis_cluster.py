@@ -27,7 +27,7 @@ from idempotency import fastpath
 from idempotency.fastpath import REVOKED, _names, credential_digest
 from idempotency.redis import Cluster, get_redis
 from tests.conftest import Background, run_in_threads
-from tests.helpers import assert_problem
+from tests.helpers import assert_problem, key_taken
 from tests.redis_cluster import OwnCluster
 from tests.servers import free_port
 
@@ -195,7 +195,7 @@ def test_a_token_revoked_in_flight_stays_revoked_on_the_cluster(alice, key, on_c
     def work(i: int):
         if i == 0:  # authenticated, then sleeps in the view while the token goes
             return alice.post(DEPOSITS, {"amount": 5, "sleep": 1.5}, key)
-        wait_for_lock(alice, key)
+        key_taken(key)  # (its Redis lock comes before authentication)
         return Token.objects.filter(key=alice.token).delete()
 
     slow, _ = run_in_threads(2, work)

@@ -9,11 +9,10 @@ waits on the database. Still in flight at the deadline: the 409 after all.
 import time
 
 import pytest
-from django.db import connection
 
-from idempotency.models import IdempotencyRecord
 from idempotency.waiting import preferred_wait
 from tests.conftest import Background
+from tests.helpers import key_taken
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),
@@ -31,25 +30,6 @@ def post(customer, path, body, key, prefer=None):
     return customer.post(path, body, key, client=client)
 
 
-def started(key: str) -> None:
-    """Wait until A holds the key: its phased record is committed, or (atomic mode)
-    another session holds an advisory lock."""
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
-        if IdempotencyRecord.objects.filter(key=key).exists():
-            return
-        with connection.cursor() as cursor:
-            cursor.execute(  # pg_locks is the whole server's: this database only
-                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'"
-                " AND pid <> pg_backend_pid() AND database ="
-                " (SELECT oid FROM pg_database WHERE datname = current_database())"
-            )
-            if cursor.fetchone()[0]:
-                return
-        time.sleep(0.02)
-    raise AssertionError("the first request never took the key")
-
-
 @pytest.fixture(params=["redis", "database"])
 def store(request, settings):
     if request.param == "redis" and not settings.REDIS_URL:
@@ -64,7 +44,7 @@ def test_a_duplicate_waits_and_gets_the_first_answer(store, alice, key, path):
     body = {"amount": 5, "sleep": 1.5}
     first = Background(lambda: post(alice, path, body, key))
     first.start()
-    started(key)
+    key_taken(key)
     began = time.monotonic()
     second = post(alice, path, body, key, prefer="wait=8")
     waited = time.monotonic() - began
@@ -82,7 +62,7 @@ def test_still_in_flight_at_the_deadline_is_409(store, alice, key):
     body = {"amount": 5, "sleep": 3}
     first = Background(lambda: post(alice, "/test/deposits", body, key))
     first.start()
-    started(key)
+    key_taken(key)
     began = time.monotonic()
     second = post(alice, "/test/deposits", body, key, prefer="wait=1")
     assert time.monotonic() - began >= 0.9
@@ -99,7 +79,7 @@ def test_without_a_preference_a_duplicate_is_409_at_once(store, alice, key):
     body = {"amount": 5, "sleep": 5}
     first = Background(lambda: post(alice, "/test/deposits", body, key))
     first.start()
-    started(key)
+    key_taken(key)
     for prefer in (None, "wait=0", "wait=abc", "wait=-3", "respond-async"):
         began = time.monotonic()
         answer = post(alice, "/test/deposits", body, key, prefer=prefer)
@@ -115,7 +95,7 @@ def test_a_different_request_under_a_waited_key_is_still_422(store, alice, key):
         lambda: post(alice, "/test/deposits", {"amount": 5, "sleep": 1}, key)
     )
     first.start()
-    started(key)
+    key_taken(key)
     other = post(alice, "/test/deposits", {"amount": 6}, key, prefer="wait=5")
     assert other.status_code == 422
     assert first.outcome().status_code == 201
