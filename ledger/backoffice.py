@@ -4,7 +4,8 @@
   price with its currency (`format_money`).
 - `BackofficeMixin`, `ActionForm` and `action_page`: an admin action that asks for
   input (an amount, a reason) first shows a form carrying a one-time token, issued
-  when the form is first shown, at a URL that names it. Applying it runs the
+  when the form is first shown, at a URL that names it, and signed: a token the
+  server did not issue is refused as damaged. Applying it runs the
   service through `once`, an `idempotent_call` keyed by that token: pressing the
   button twice, going back and submitting again, or two browsers submitting the
   same form at once take effect once, and every press after the first gets the
@@ -12,7 +13,7 @@
 """
 
 import re
-import uuid
+import secrets
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 from urllib.parse import urlencode
@@ -24,6 +25,7 @@ from django.db.models import Model, QuerySet
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
+from django.utils.crypto import constant_time_compare, salted_hmac
 from django.utils.html import format_html
 from django.utils.translation import gettext
 from django.utils.translation import gettext_lazy as _
@@ -59,7 +61,22 @@ def money_column(
 
 
 def one_time_token() -> str:
-    return uuid.uuid4().hex
+    """32 hex digits: 16 at random, then 16 of their HMAC under the project's secret
+    key. A token the server never issued (typed in, or a page garbled into another
+    token of the right shape) then fails `token_issued` and is refused as damaged,
+    instead of being taken for a new operation (for a credit: a second deposit)."""
+    nonce = secrets.token_hex(8)
+    return nonce + _seal(nonce)
+
+
+def _seal(nonce: str) -> str:
+    return salted_hmac("ledger.backoffice.token", nonce).hexdigest()[:16]
+
+
+def token_issued(token: str) -> bool:
+    return bool(TOKEN.match(token)) and constant_time_compare(
+        token[16:], _seal(token[:16])
+    )
 
 
 DAMAGED = _("This form is damaged; open it again.")
@@ -89,7 +106,7 @@ class ActionForm(ServerFilledForm):
 
     def clean_token(self) -> str:
         token = self.cleaned_data["token"]
-        if not TOKEN.match(token):
+        if not token_issued(token):
             raise forms.ValidationError(DAMAGED)
         return token
 

@@ -169,6 +169,22 @@ def test_credit_refuses_a_damaged_token(admin_client):
     assert balance(wallet) == 0
 
 
+def test_credit_refuses_a_token_the_server_did_not_issue(admin_client):
+    """A token of the right shape that was never issued (one digit changed, or made
+    up) names no operation the page offered: refused, not a second deposit."""
+    _, _, wallet = customer("alice")
+    token = token_of(open_action(admin_client, ACCOUNTS, "credit", [wallet.pk]))
+    assert credit(admin_client, wallet, token, amount="5").status_code == 200
+    flipped = token[:-1] + ("0" if token[-1] != "0" else "1")
+    nonce = ("0" if token[0] != "0" else "1") + token[1:]
+    for forged in (flipped, nonce, "0" * 32, "a" * 32):
+        response = credit(admin_client, wallet, forged, amount="5")
+        assert response.status_code == 400, forged
+        assert "This form is damaged; open it again." in response.content.decode()
+    assert balance(wallet) == 500
+    assert credits(wallet) == 1
+
+
 def test_credit_refuses_what_is_not_a_customer_wallet(admin_client):
     _, _, wallet = customer("alice")
     merchant = merchant_account(currency="CNY")
