@@ -21,6 +21,7 @@ from idempotency.decorators import idempotent
 from .auth import authenticated
 from .fields import (
     MAX_AMOUNT,
+    BoundedListField,
     CurrencyField,
     StrictCharField,
     StrictInputSerializer,
@@ -166,7 +167,7 @@ class TransferBatchInputSerializer(StrictInputSerializer):
     class Meta:
         ref_name = "TransferBatchInput"
 
-    transfers = serializers.ListField(
+    transfers = BoundedListField(
         child=TransferItemSerializer(),
         min_length=1,
         max_length=MAX_TRANSFERS_PER_BATCH,

@@ -53,15 +53,43 @@ class CurrencyField(StrictCharField):
         return code
 
 
+class BoundedListField(serializers.ListField):
+    """A list whose length is checked before its items. DRF checks `max_length`
+    after validating every item, so a megabyte of invalid items (400,000 `1`s)
+    cost seconds of CPU and came back as a 33 MB list of errors, one per item."""
+
+    def to_internal_value(self, data: Any) -> list:
+        limit = self.max_length
+        if isinstance(data, list) and limit is not None and len(data) > limit:
+            self.fail("max_length", max_length=limit)
+        return super().to_internal_value(data)
+
+
+# How many unknown fields a refusal names (a body may hold tens of thousands).
+UNKNOWN_NAMED = 10
+
+
+def refuse_unknown(known: Any, given: Any) -> None:
+    """A 400 naming the fields in `given` that are not in `known`, the first
+    `UNKNOWN_NAMED` of them by name."""
+    unknown = sorted(set(given) - set(known))
+    if not unknown:
+        return
+    errors: dict[str, list[str]] = {
+        name: ["Unknown field."] for name in unknown[:UNKNOWN_NAMED]
+    }
+    if len(unknown) > UNKNOWN_NAMED:
+        errors["non_field_errors"] = [
+            f"{len(unknown)} unknown fields; the first {UNKNOWN_NAMED} are named."
+        ]
+    raise serializers.ValidationError(errors)
+
+
 class StrictInputSerializer(serializers.Serializer):
     """An input serializer that also refuses fields it does not know."""
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
-        unknown = sorted(set(self.initial_data) - set(self.fields))
-        if unknown:
-            raise serializers.ValidationError(
-                {name: ["Unknown field."] for name in unknown}
-            )
+        refuse_unknown(self.fields, self.initial_data)
         return attrs
 
 
@@ -70,9 +98,5 @@ class StrictNestedSerializer(serializers.Serializer):
 
     def to_internal_value(self, data: Any) -> Any:
         if isinstance(data, dict):
-            unknown = sorted(set(data) - set(self.fields))
-            if unknown:
-                raise serializers.ValidationError(
-                    {name: ["Unknown field."] for name in unknown}
-                )
+            refuse_unknown(self.fields, data)
         return super().to_internal_value(data)

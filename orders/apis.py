@@ -16,6 +16,7 @@ from .fields import (
     MAX_AMOUNT,
     MAX_ITEM_QUANTITY,
     MAX_ORDER_LINES,
+    BoundedListField,
     CurrencyField,
     StrictCharField,
     StrictInputSerializer,
@@ -119,7 +120,7 @@ class OrderCreateApi(APIView):
             required=False,
             help_text="Minor units. Send either `amount` or `items`, not both.",
         )
-        items = serializers.ListField(
+        items = BoundedListField(
             child=OrderItemInputSerializer(),
             min_length=1,
             max_length=MAX_ORDER_LINES,

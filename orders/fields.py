@@ -4,6 +4,7 @@ the limits of an order placed with items."""
 
 from ledger.fields import (
     MAX_AMOUNT,
+    BoundedListField,
     CurrencyField,
     StrictCharField,
     StrictInputSerializer,
@@ -23,6 +24,7 @@ __all__ = [
     "MAX_ITEM_QUANTITY",
     "MAX_ORDER_LINES",
     "MAX_STOCK_MOVE",
+    "BoundedListField",
     "CurrencyField",
     "StrictCharField",
     "StrictInputSerializer",

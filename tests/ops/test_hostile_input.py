@@ -122,6 +122,74 @@ def test_deep_nesting_just_inside_the_bound_is_parsed(world):
     assert problem["errors"] == {"x": ["Unknown field."]}
 
 
+# A megabyte of items or of unknown fields ----------------------------------------
+
+
+def many(item: str, count: int) -> str:
+    return "[" + ",".join([item] * count) + "]"
+
+
+@pytest.mark.parametrize(
+    ("path", "raw", "field", "limit"),
+    [
+        (
+            "/api/v1/transfers",
+            f'{{"transfers": {many("1", 400_000)}}}',
+            "transfers",
+            100,
+        ),
+        (
+            "/api/v1/transfers",
+            f'{{"transfers": {many("{}", 200_000)}}}',
+            "transfers",
+            100,
+        ),
+        (
+            "/api/v1/orders",
+            f'{{"merchant_order_no": "1", "items": {many("{}", 200_000)}}}',
+            "items",
+            50,
+        ),
+    ],
+)
+def test_a_list_too_long_is_refused_for_its_length_before_its_items(
+    world, path, raw, field, limit
+):
+    """Its items are not looked at (each invalid one was an error of its own: 33 MB
+    of errors, seconds of CPU); the answer says how many are allowed."""
+    response = world.post(path, raw.encode())
+    problem = assert_problem(response, 400, "validation_error")
+    assert problem["errors"] == {
+        field: [f"Ensure this field has no more than {limit} elements."]
+    }
+    assert len(response.content) < 1000
+    assert world.count() == world.counts
+
+
+def test_tens_of_thousands_of_unknown_fields_are_counted_and_ten_named(world):
+    names = [f"k{n}" for n in range(60_000)]
+    for path, wrap in (
+        ("/api/v1/transfers", "{%s}"),
+        ("/api/v1/transfers", '{"transfers": [{%s}]}'),
+        (
+            f"/api/v1/orders/{world.order.merchant_order_no}/pay",
+            '{"method": "balance", %s}',
+        ),
+    ):
+        raw = wrap % ",".join(f'"{name}": 1' for name in names)
+        problem = assert_problem(
+            world.post(path, raw.encode()), 400, "validation_error"
+        )
+        errors = problem["errors"]
+        if "transfers" in errors:  # (the first item's errors)
+            errors = errors["transfers"]["0"]
+        assert errors["non_field_errors"] == [
+            "60000 unknown fields; the first 10 are named."
+        ], path
+        assert sorted(set(errors) - {"non_field_errors"}) == sorted(names)[:10]
+    assert world.count() == world.counts
+
+
 @pytest.mark.parametrize("raw", [DEEP_ARRAY, DEEP_OBJECT])
 def test_deep_nesting_on_the_endpoints_without_a_body_is_never_a_5xx(world, raw):
     """Pre-order takes no body and ignores one, however deep; cancel accepts only an
