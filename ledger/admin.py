@@ -368,7 +368,8 @@ class AccountAdmin(BackofficeMixin, ReadOnlyAdmin):
         return self.done()
 
     @admin.action(
-        description=_("Freeze (money may arrive, not leave)"), permissions=["freeze"]
+        description=_("Freeze (nothing leaves; refunds and credits still arrive)"),
+        permissions=["freeze"],
     )
     def freeze(self, request: HttpRequest, queryset: QuerySet) -> HttpResponse:
         return self.start_page(request, queryset, "freeze")

@@ -763,7 +763,9 @@ def _refuse_unless_empty(account: Account) -> None:
 def account_freeze(
     *, account_id: int, seen_status_version: int | None = None
 ) -> Account:
-    """Freeze an active account: money can arrive but no longer leave."""
+    """Freeze an active account: nothing leaves it, while the ledger's credits
+    (a refund, a deposit, staff's credit) still arrive. A transfer is refused
+    whichever side is frozen: the contract keeps transfers between active wallets."""
     return _account_transition(account_id, "freeze", seen_status_version)
 
 
