@@ -1,61 +1,68 @@
-"""The admin site the back office runs on: Django's, with every list's filters
-checked whole before its page is drawn.
+"""The admin site the back office runs on: Django's, with every list refusing a
+filter in its address that it cannot apply, never with a 500.
 
-Django refuses a filter in a list's address that it cannot apply (`?e=1`, a
-"database error" page) while it builds the list's query, but two bad values only
-fail later, when the query is compiled, as a 500: a year past 9999
-(`?created_at__year=99999`, whose bounds are computed then), and on a list with a
-date hierarchy the year 9999 itself (the next year is its upper bound). Every list
-on this site compiles its query once more while Django can still refuse it, so
-those get the same refusal as any other bad filter. The site wraps every admin
-registered on it, Django's and other apps' too (users, tokens, beat's schedules).
+Django lets a list's address filter on any column with any lookup, and refuses
+what it cannot apply as it builds the query (`?e=1`, its "database error" page).
+Some values fail only later, when the query is compiled or run: a year past 9999
+(`?created_at__year=99999`), the year 9999 in a date hierarchy (the next year is
+its bound), a regular expression PostgreSQL cannot read (`?id__regex=(`), a range
+of one value, a number past 64 bits on SQLite, a text lookup on a binary column.
+Every list on this site answers those as Django answers any bad filter, and logs
+them with their traceback, so that a real fault behind a filter is still seen. A
+list whose address carries no parameter has nothing to refuse: its failures stay
+500s. The site puts this on every admin registered on it, Django's and other
+apps' too (users, tokens, beat's schedules).
 """
 
-import contextlib
+import logging
 from typing import Any
 
 from django.contrib import admin
 from django.contrib.admin.options import IncorrectLookupParameters
 from django.contrib.admin.views.main import ChangeList
-from django.core.exceptions import EmptyResultSet, FullResultSet
-from django.db.models import QuerySet
+from django.db import DatabaseError, transaction
 from django.http import HttpRequest
 
+logger = logging.getLogger(__name__)
 
-class CheckedChangeList(ChangeList):
-    def get_queryset(
-        self, request: HttpRequest, exclude_parameters: Any = None
-    ) -> QuerySet:
+# What a value in a list's address can raise once Django has taken it.
+UNUSABLE_FILTER = (ValueError, TypeError, OverflowError, IndexError, DatabaseError)
+
+
+class FilterRefusingAdmin(admin.ModelAdmin):
+    """A ModelAdmin whose list refuses an unusable filter (see the module doc)."""
+
+    def get_changelist_instance(self, request: HttpRequest) -> ChangeList:
+        # Its query runs here too (the count of the rows the filters leave), in a
+        # transaction or savepoint of its own: a statement the database refused
+        # must not leave a caller's transaction aborted.
         try:
-            queryset = super().get_queryset(request, exclude_parameters)
-            _compile(queryset)
-        except (ValueError, OverflowError) as error:
+            with transaction.atomic():
+                return super().get_changelist_instance(request)
+        except UNUSABLE_FILTER as error:
+            if not request.GET:
+                raise
+            logger.warning(
+                "admin list %s refused its filters", request.path, exc_info=True
+            )
             raise IncorrectLookupParameters(error) from error
-        return queryset
 
 
-def _compile(queryset: QuerySet) -> None:
-    # (A query that matches nothing or everything is a query.)
-    with contextlib.suppress(EmptyResultSet, FullResultSet):
-        queryset.query.get_compiler(queryset.db).as_sql()
-
-
-class CheckedLists:
-    """A ModelAdmin whose list is a `CheckedChangeList`."""
-
-    def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ChangeList]:
-        return CheckedChangeList
+def refusing_filters(admin_class: type[admin.ModelAdmin]) -> type[admin.ModelAdmin]:
+    """`admin_class`, or a subclass of it that is a `FilterRefusingAdmin` (made as
+    Django's own `register` makes a subclass for options it is given)."""
+    if issubclass(admin_class, FilterRefusingAdmin):
+        return admin_class
+    return type(
+        admin_class.__name__,
+        (FilterRefusingAdmin, admin_class),
+        {"__module__": admin_class.__module__},
+    )
 
 
 class AdminSite(admin.AdminSite):
     def register(
         self, model_or_iterable: Any, admin_class: Any = None, **options: Any
     ) -> None:
-        admin_class = admin_class or admin.ModelAdmin
-        if not issubclass(admin_class, CheckedLists):
-            admin_class = type(
-                admin_class.__name__,
-                (CheckedLists, admin_class),
-                {"__module__": admin_class.__module__},
-            )
+        admin_class = refusing_filters(admin_class or admin.ModelAdmin)
         super().register(model_or_iterable, admin_class, **options)
