@@ -37,7 +37,7 @@ from .money import format_money
 
 T = TypeVar("T")
 
-TOKEN = re.compile(r"^[0-9a-f]{32}$")
+TOKEN = re.compile(r"[0-9a-f]{32}")
 
 
 def money_column(
@@ -74,7 +74,7 @@ def _seal(nonce: str) -> str:
 
 
 def token_issued(token: str) -> bool:
-    return bool(TOKEN.match(token)) and constant_time_compare(
+    return bool(TOKEN.fullmatch(token)) and constant_time_compare(
         token[16:], _seal(token[:16])
     )
 

@@ -1,4 +1,3 @@
-import uuid
 from typing import Any
 
 from django import forms
@@ -13,7 +12,7 @@ from django.utils.html import format_html
 from django.utils.translation import gettext, ngettext
 from django.utils.translation import gettext_lazy as _
 
-from ledger.backoffice import ServerFilledForm, money_column
+from ledger.backoffice import ActionForm, money_column, one_time_token
 from ledger.currencies import SUPPORTED_CURRENCIES
 from ledger.exceptions import DomainError
 from ledger.forms import MoneyField, PlainIntegerField, major_units, minor_units
@@ -174,10 +173,9 @@ def _staff_note(request: HttpRequest, note: str) -> str:
     return f"{who}: {note}"[:room]
 
 
-class StockAdjustForm(ServerFilledForm):
-    # A one-time token made when the form is shown: it becomes the movement's
+class StockAdjustForm(ActionForm):
+    # Its one-time token, made when the form is shown, becomes the movement's
     # reference, so a second click (or a resubmitted page) moves nothing.
-    token = forms.UUIDField(widget=forms.HiddenInput)
     quantity = PlainIntegerField(
         label=_("Units to add (negative to remove)"),
         min_value=-MAX_STOCK_MOVE,
@@ -298,7 +296,7 @@ class ProductAdmin(admin.ModelAdmin):
                         )
                     return HttpResponseRedirect(change_url)
         else:
-            form = StockAdjustForm(initial={"token": uuid.uuid4()})
+            form = StockAdjustForm(initial={"token": one_time_token()})
         context = {
             **self.admin_site.each_context(request),
             "opts": self.model._meta,

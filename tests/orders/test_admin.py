@@ -90,11 +90,15 @@ def test_products_are_listed_with_stock_that_only_movements_change(staff):
     tea.refresh_from_db()
     assert tea.stock == 3
     assert StockMovement.objects.filter(kind="adjustment").count() == 1
-    # more than there is, or 0, or a token that is not one: refused, nothing moves
+    # more than there is, or 0, or a token that is not one, or one the server did
+    # not issue (a second adjustment, under a token made up): refused, nothing moves
+    fresh = staff.get(url).context["form"].initial["token"]
     for bad in (
-        {**form, "token": str(uuid.uuid4()), "quantity": "-4"},
-        {**form, "token": str(uuid.uuid4()), "quantity": "0"},
+        {**form, "token": fresh, "quantity": "-4"},
+        {**form, "token": fresh, "quantity": "0"},
         {**form, "token": "not-a-token"},
+        {**form, "token": uuid.uuid4().hex},
+        {**form, "token": fresh[:-1] + ("0" if fresh[-1] != "0" else "1")},
     ):
         response = staff.post(url, bad)
         assert response.status_code == 400 and response.context["form"].errors
