@@ -4,12 +4,14 @@ With Redis the waiter sleeps on a notification: it subscribes to the key's chann
 which the holder's finish publishes on (`fastpath.finish`), so nobody polls. Without
 Redis (or when Redis has no lock for the key: it was lost) the wait is on the
 database, bounded by the deadline: first on the key's advisory lock, which an atomic
-request holds until it commits, then on the record of a phased one.
+request holds until it commits, then on the record of a phased one, until it is
+finished or its holder lets go of it (fails and releases it, or dies).
 """
 
 import time
 
 from . import fastpath, records
+from .models import IdempotencyRecord
 from .records import Call
 
 POLL_SECONDS = 0.1  # only without Redis, for a phased request's record
@@ -23,9 +25,16 @@ def until_finished(call: Call, seconds: float) -> None:
     records.wait_for_lock(call, deadline - time.monotonic())
     while (left := deadline - time.monotonic()) > 0:
         record = records.find(call)
-        if record is None or record.finished:
+        if record is None or record.finished or _let_go(record):
             return
         time.sleep(min(POLL_SECONDS, left))
+
+
+def _let_go(record: IdempotencyRecord) -> bool:
+    """Its holder's lease has ended, by the database's clock: the holder failed and
+    released the key, or died; the waiter may take it over and resume it now."""
+    now = record.db_now  # type: ignore[attr-defined]  # (records.find reads it)
+    return record.locked_until is not None and record.locked_until <= now
 
 
 def preferred_wait(prefer: str | None) -> int:

@@ -58,6 +58,28 @@ def test_a_duplicate_waits_and_gets_the_first_answer(store, alice, key, path):
     assert alice.deposits() == 1
 
 
+def test_a_waiter_behind_a_request_that_failed_takes_it_over_at_once(store, alice, key):
+    """A fails after its first phase committed and releases the key: B, waiting,
+    resumes it as soon as A let go (not at its deadline), and the deposit that
+    committed is not made again."""
+    path, body = "/test/phased-deposits", {"amount": 5, "sleep": 1, "fail": "crash"}
+    # (Answers, not exceptions: a test client re-raises any thread's 500.)
+    failing, waiting = alice.client(), alice.client()
+    failing.raise_request_exception = waiting.raise_request_exception = False
+    waiting.credentials(HTTP_AUTHORIZATION=f"Token {alice.token}", HTTP_PREFER="wait=8")
+    first = Background(lambda: alice.post(path, body, key, client=failing))
+    first.start()
+    key_taken(key)
+    began = time.monotonic()
+    second = alice.post(path, body, key, client=waiting)
+    waited = time.monotonic() - began
+    assert first.outcome().status_code == 500
+    assert second.status_code == 201, second.content
+    assert second["Preference-Applied"] == "wait=8"
+    assert waited < 6, waited  # when A let go, not at the deadline
+    assert alice.deposits() == 1
+
+
 def test_still_in_flight_at_the_deadline_is_409(store, alice, key):
     body = {"amount": 5, "sleep": 3}
     first = Background(lambda: post(alice, "/test/deposits", body, key))

@@ -94,6 +94,8 @@ class PhasedDepositApi(APIView):
                 idem.data["amount"] = amount
         if not idem.resumed:  # the outside call hangs the first time only
             time.sleep(data.validated_data["sleep"])
+            if data.validated_data.get("fail") == "crash":  # and then fails
+                raise RuntimeError("the outside call failed")
         return _created(_after_outside_call(idem), amount)
 
 
