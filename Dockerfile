@@ -40,4 +40,4 @@ COPY locale locale
 
 USER app
 EXPOSE 8000
-CMD ["gunicorn", "ledger.wsgi", "--bind", "0.0.0.0:8000"]
+CMD ["gunicorn", "ledger.wsgi", "--config", "python:ledger.gunicorn", "--bind", "0.0.0.0:8000"]

@@ -207,14 +207,17 @@ class Stack:
     def start_gunicorn(
         self, name: str, port: int, workers: int, settings: str | None = None
     ) -> subprocess.Popen:
-        """gunicorn on `port`; with `settings`, another settings module than the
-        stack's own (a contender's server)."""
+        """gunicorn on `port`, set up as the project ships it (`bench/gunicorn.py`);
+        with `settings`, another settings module than the stack's own (a
+        contender's server)."""
         env = {**self.env(), "DJANGO_SETTINGS_MODULE": settings or self.settings}
         process = self.spawn(
             name,
             [
                 str(BIN / "gunicorn"),
                 "ledger.wsgi",
+                "--config",
+                "python:bench.gunicorn",
                 "--bind",
                 f"127.0.0.1:{port}",
                 "--workers",
