@@ -268,8 +268,8 @@ CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_BEAT_SCHEDULER = "ledger.beat:LeaderScheduler"
 BEAT_LEASE_SECONDS = env_int("BEAT_LEASE_SECONDS", 30)
 CELERY_BEAT_SCHEDULE = {
-    # Every five minutes: a run lasts at most 30 s (resting five times as long
-    # as it works, to keep out of the writers' way), a third of a million keys or so.
+    # Every five minutes: a run lasts at most 60 s (resting ten times as long
+    # as it works, to keep out of the writers' way), a fifth of a million keys or so.
     "idempotency-purge-expired": {
         "task": "idempotency.tasks.purge_expired_keys",
         "schedule": 300.0,

@@ -13,7 +13,7 @@ class Command(BaseCommand):
         parser.add_argument("--batch-size", type=int, default=500)
         parser.add_argument("--max-seconds", type=float, default=300.0)
         parser.add_argument(
-            "--rest", type=float, default=5.0, help="rest per second of work"
+            "--rest", type=float, default=10.0, help="rest per second of work"
         )
 
     def handle(
