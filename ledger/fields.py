@@ -79,9 +79,10 @@ def refuse_unknown(known: Any, given: Any) -> None:
         name: ["Unknown field."] for name in unknown[:UNKNOWN_NAMED]
     }
     if len(unknown) > UNKNOWN_NAMED:
-        errors["non_field_errors"] = [
+        # (after "Unknown field." if one of the named is called that, not instead)
+        errors.setdefault("non_field_errors", []).append(
             f"{len(unknown)} unknown fields; the first {UNKNOWN_NAMED} are named."
-        ]
+        )
     raise serializers.ValidationError(errors)
 
 

@@ -190,6 +190,20 @@ def test_tens_of_thousands_of_unknown_fields_are_counted_and_ten_named(world):
     assert world.count() == world.counts
 
 
+def test_an_unknown_field_named_like_the_count_is_still_named(world):
+    names = ["non_field_errors", *(f"z{n}" for n in range(11))]
+    raw = json.dumps(dict.fromkeys(names, 1))
+    problem = assert_problem(
+        world.post("/api/v1/transfers", raw.encode()), 400, "validation_error"
+    )
+    assert problem["errors"]["non_field_errors"] == [
+        "Unknown field.",
+        "12 unknown fields; the first 10 are named.",
+    ]
+    assert len(problem["errors"]) == 10
+    assert world.count() == world.counts
+
+
 @pytest.mark.parametrize("raw", [DEEP_ARRAY, DEEP_OBJECT])
 def test_deep_nesting_on_the_endpoints_without_a_body_is_never_a_5xx(world, raw):
     """Pre-order takes no body and ignores one, however deep; cancel accepts only an
