@@ -20,8 +20,8 @@ def record_purge_expired(
 
     The key table is the one every idempotent request writes to, so the purge keeps
     out of their way: small batches, each followed by a rest ten times as long (with
-    five, writers at full speed lost a fifth of their pace while it ran; with ten,
-    a tenth at most), for at most a minute a run."""
+    five, writers at full speed lost about a fifth of their pace while it ran; with
+    ten, about a tenth, over three runs each), for at most a minute a run."""
     expired = IdempotencyRecord.objects.expired()
     return delete_in_batches(
         expired, batch_size=batch_size, max_seconds=max_seconds, rest=rest
