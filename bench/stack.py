@@ -231,7 +231,8 @@ class Stack:
             ],
             env=env,
         )
-        wait_until_up(f"http://127.0.0.1:{port}", process, workers)
+        url = f"http://127.0.0.1:{port}"
+        wait_until_up(url, process, workers, self.workdir / f"{name}.log")
         return process
 
     def start_worker(self) -> None:

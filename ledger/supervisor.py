@@ -17,9 +17,11 @@ import contextlib
 import ctypes
 import ctypes.util
 import os
+import random
 import re
 import selectors
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -49,6 +51,37 @@ def stop_with_parent() -> None:
         _libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
     if os.getppid() != parent:  # it died before we asked
         os.kill(os.getpid(), signal.SIGTERM)
+
+
+_EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+_handed_out: set[int] = set()
+
+
+def free_port() -> int:
+    """A loopback port that no server listens on, for one about to start.
+
+    Chosen below the kernel's ephemeral range, not by binding port 0: a port the
+    kernel hands out that way comes from that range, and until the server binds it,
+    any outgoing connection (to PostgreSQL, to Redis) may take it as its own local
+    end, and the server then fails to start with "address in use". Below the range
+    only a listener's explicit bind takes a port, and this process hands out none
+    twice.
+    """
+    try:
+        low = int(_EPHEMERAL_RANGE.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768  # not Linux: below every other system's range too
+    while True:
+        port = random.randrange(low // 2, low)  # noqa: S311 - not a secret
+        if port in _handed_out:
+            continue
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _handed_out.add(port)
+        return port
 
 
 def read_procfile(path: Path) -> dict[str, str]:

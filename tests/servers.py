@@ -16,15 +16,9 @@ from pathlib import Path
 import httpx
 from django.db import connection
 
+from ledger.supervisor import free_port
+
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def free_port() -> int:
-    # (Not serve's own: the benchmarks import this module before Django is set up,
-    # and serve's module needs the app registry.)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def stop(process: subprocess.Popen) -> None:
@@ -57,7 +51,8 @@ def gunicorn(
         ),
         **env,
     }
-    log = (tmp_path / f"gunicorn-{port}.log").open("w")
+    log_path = tmp_path / f"gunicorn-{port}.log"
+    log = log_path.open("w")
     process = subprocess.Popen(
         [
             str(ROOT / ".venv/bin/gunicorn"),
@@ -79,17 +74,22 @@ def gunicorn(
     )
     url = f"http://127.0.0.1:{port}"
     try:
-        wait_until_up(url, process, workers)
+        wait_until_up(url, process, workers, log_path)
         yield url, process
     finally:
         stop(process)
         log.close()
 
 
-def wait_until_up(url: str, process: subprocess.Popen, workers: int = 1) -> None:
+def wait_until_up(
+    url: str, process: subprocess.Popen, workers: int = 1, log: Path | None = None
+) -> None:
+    """Until `url` answers /healthz with all `workers` started; a server that dies
+    or never answers fails the caller with the end of its `log`."""
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
-        assert process.poll() is None, "the server died on start"
+        if process.poll() is not None:
+            raise AssertionError(f"the server died on start{log_end(log)}")
         with suppress(httpx.HTTPError):
             if (
                 httpx.get(f"{url}/healthz", timeout=1).status_code == 200
@@ -97,7 +97,14 @@ def wait_until_up(url: str, process: subprocess.Popen, workers: int = 1) -> None
             ):
                 return
         time.sleep(0.1)
-    raise AssertionError(f"{url} never came up")
+    raise AssertionError(f"{url} never came up{log_end(log)}")
+
+
+def log_end(log: Path | None, lines: int = 30) -> str:
+    if log is None or not log.exists():
+        return ""
+    end = log.read_text(errors="replace").splitlines()[-lines:]
+    return f"; {log.name} ends:\n" + "\n".join(end)
 
 
 def redis_command(port: int) -> list[str]:

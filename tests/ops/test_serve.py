@@ -9,6 +9,7 @@ import contextlib
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -165,3 +166,35 @@ def test_the_provider_simulator_gets_a_port_of_its_own_unless_one_is_set(monkeyp
     monkeypatch.delenv("PROVIDER_PUBLIC_URL")
     bare = child_env(8000)  # a Procfile without the simulator: nothing set
     assert "PROVIDER_PORT" not in bare and "PAYMENT_PROVIDER_URL" not in bare
+
+
+def test_a_free_port_is_one_no_connection_can_take_and_nobody_holds(monkeypatch):
+    """Below the ephemeral range, which outgoing connections draw their local ports
+    from; never one a listener holds, never one handed out before."""
+    from ledger import supervisor
+
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    given = free_port()
+    assert low // 2 <= given < low
+    unused = [p for p in range(low // 2, low) if p not in supervisor._handed_out]
+    with contextlib.ExitStack() as stack:
+        held = stack.enter_context(socket.socket())
+        for port in unused:
+            with contextlib.suppress(OSError):
+                held.bind(("127.0.0.1", port))
+                break
+        held.listen()
+        held_port = held.getsockname()[1]
+        fresh = next(p for p in unused if p > held_port and bindable(p))
+        draws = iter([given, held_port, fresh])
+        monkeypatch.setattr(supervisor.random, "randrange", lambda *_: next(draws))
+        assert free_port() == fresh
+
+
+def bindable(port: int) -> bool:
+    with socket.socket() as probe:
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True

@@ -20,6 +20,7 @@ from kombu.transport import TRANSPORT_ALIASES
 from ledger.demo import demo_seed
 from ledger.supervisor import (
     Supervisor,
+    free_port,
     read_procfile,
     stop_with_parent,
     terminal_foreground,
@@ -122,12 +123,6 @@ def check_broker(url: str) -> None:
             f"the broker at {url.split('@')[-1]} does not answer ({exc}); "
             "start it or fix CELERY_BROKER_URL"
         ) from exc
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def child_env(port: int, provider_port: int | None = None) -> dict[str, str]:
