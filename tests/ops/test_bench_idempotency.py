@@ -50,6 +50,13 @@ def test_the_quick_benchmark_prints_every_figure(tmp_path):
     assert status == 0, output[-6000:]
     result = json.loads(output.strip().splitlines()[-1])
     assert not FIGURES - set(result), "figures missing"
+    # The targets' ratios of the totals too, beside the median rounds'.
+    assert set(result["pooled"]) == {
+        f"{name}_c{c}"
+        for name in ("first_vs_floor", "replay_ratio", "pay_first_ratio")
+        for c in (8, 32)
+    }
+    assert all(value > 0 for value in result["pooled"].values())
     assert result["double_executions"] == 0
     assert result["powertools_measured"] == 1
     # The crash test really crashed: Powertools runs the killed request again.
@@ -59,3 +66,16 @@ def test_the_quick_benchmark_prints_every_figure(tmp_path):
     assert set(result["growth"]) == {"1000", "3000", "10000"}
     # The sub-accounts' slice paid into merchant 0's eight sub-accounts.
     assert result["hot_merchant"]["sub_accounts_used"] == 8
+
+
+def test_a_stall_in_one_slice_moves_the_ratio_of_the_totals_not_the_median_round():
+    from bench.idempotency_overhead import pooled, ratio
+
+    def measured(*rounds: float) -> dict:
+        return {"ok_rps": sum(rounds) / len(rounds), "rounds_ok_rps": list(rounds)}
+
+    bare, first = measured(100, 100, 100, 100, 100), measured(90, 90, 90, 90, 9)
+    assert ratio(first, bare) == 0.9
+    assert pooled(first, bare) == 0.738
+    # Without rounds (measured alone), the totals are all there is.
+    assert ratio({"ok_rps": 45.0}, {"ok_rps": 50.0}) == 0.9
