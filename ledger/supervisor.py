@@ -73,15 +73,19 @@ def free_port() -> int:
         low = 32768  # not Linux: below every other system's range too
     while True:
         port = random.randrange(low // 2, low)  # noqa: S311 - not a secret
-        if port in _handed_out:
-            continue
-        with socket.socket() as probe:
-            try:
-                probe.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-        _handed_out.add(port)
-        return port
+        if port not in _handed_out and bindable(port):
+            _handed_out.add(port)
+            return port
+
+
+def bindable(port: int) -> bool:
+    """Nothing holds 127.0.0.1:`port`: a server could bind it now."""
+    with socket.socket() as probe:
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
 
 
 def read_procfile(path: Path) -> dict[str, str]:

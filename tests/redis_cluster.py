@@ -9,7 +9,6 @@ replica take over a killed primary in about two.
 import os
 import random
 import signal
-import socket
 import subprocess
 import time
 from collections.abc import Callable
@@ -18,18 +17,10 @@ from pathlib import Path
 
 from redis.crc import key_slot
 
+from ledger.supervisor import bindable
 from tests.servers import wait_for_port
 
 NODE_TIMEOUT_MS = 1000
-
-
-def _bindable(port: int) -> bool:
-    with socket.socket() as s:
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
 
 
 def free_cluster_port(taken: set[int]) -> int:
@@ -37,7 +28,7 @@ def free_cluster_port(taken: set[int]) -> int:
     ephemeral range, so no outgoing connection takes either meanwhile."""
     while True:
         port = random.randrange(10000, 22000)
-        if port not in taken and _bindable(port) and _bindable(port + 10000):
+        if port not in taken and bindable(port) and bindable(port + 10000):
             return port
 
 

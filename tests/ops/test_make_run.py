@@ -27,6 +27,7 @@ import httpx
 import psycopg
 import pytest
 
+from ledger.supervisor import bindable
 from tests.ops.readme import run_readme_examples
 from tests.servers import ROOT, free_port
 
@@ -149,7 +150,7 @@ def drop_database(name: str) -> None:
 
 @pytest.fixture(scope="module", params=["embedded", "services"])
 def stack(request, clone: Path, tmp_path_factory) -> Iterator[tuple[MakeRun, dict]]:
-    port = 8000 if port_free(8000) else free_port()
+    port = 8000 if bindable(8000) else free_port()
     env = {"PATH": clean_path(), "HOME": os.environ.get("HOME", "/root")}
     env["PORT"] = str(port)
     database = vhost = None
@@ -189,17 +190,6 @@ def rabbitmq_vhost() -> str:
     rabbitmqctl("add_vhost", name)
     rabbitmqctl("set_permissions", "-p", name, "guest", ".*", ".*", ".*")
     return name
-
-
-def port_free(port: int) -> bool:
-    import socket
-
-    with socket.socket() as probe:
-        try:
-            probe.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
 
 
 def flush_redis(*dbs: int) -> None:

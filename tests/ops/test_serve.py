@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from ledger.supervisor import bindable
 from tests.servers import ROOT, free_port
 
 pytestmark = pytest.mark.slow
@@ -189,12 +190,3 @@ def test_a_free_port_is_one_no_connection_can_take_and_nobody_holds(monkeypatch)
         draws = iter([given, held_port, fresh])
         monkeypatch.setattr(supervisor.random, "randrange", lambda *_: next(draws))
         assert free_port() == fresh
-
-
-def bindable(port: int) -> bool:
-    with socket.socket() as probe:
-        try:
-            probe.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-        return True
