@@ -106,6 +106,9 @@ def options(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--bursts", type=int, help="per design (default 20)")
     parser.add_argument("--probes", type=int, help="EXPLAINed lookups per size")
     parser.add_argument("--workers", type=int, default=4, help="gunicorn workers")
+    parser.add_argument(
+        "--threads", type=int, default=1, help="a worker's (1: sync; compose's web: 4)"
+    )
     parser.add_argument("--workdir", help="logs (default: a temporary directory)")
     args = parser.parse_args(argv)
     quick = args.quick
@@ -817,6 +820,7 @@ def main(argv: list[str] | None = None) -> int:
     stack = Stack(
         workdir,
         web_workers=args.workers,
+        web_threads=args.threads,
         lease_seconds=LEASE_SECONDS,
         settings="bench.settings",
         database=f"bench_idem_{os.getpid()}",  # never another run's

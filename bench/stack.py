@@ -79,12 +79,13 @@ class Stack:
         workdir: Path,
         *,
         web_workers: int,
+        web_threads: int = 1,
         lease_seconds: int,
         settings: str = "bench.chaos_settings",
         database: str = DB,
     ) -> None:
         self.workdir = workdir
-        self.web_workers = web_workers
+        self.web_workers, self.web_threads = web_workers, web_threads
         self.settings, self.database = settings, database
         self.processes: list[subprocess.Popen] = []
         # Kills every group in `pgids` once the runner is gone, even by SIGKILL (a
@@ -207,9 +208,9 @@ class Stack:
     def start_gunicorn(
         self, name: str, port: int, workers: int, settings: str | None = None
     ) -> subprocess.Popen:
-        """gunicorn on `port`, set up as the project ships it (`bench/gunicorn.py`);
-        with `settings`, another settings module than the stack's own (a
-        contender's server)."""
+        """gunicorn on `port`, set up as the project ships it (`bench/gunicorn.py`),
+        with the stack's threads a worker (1: sync workers); with `settings`,
+        another settings module than the stack's own (a contender's server)."""
         env = {**self.env(), "DJANGO_SETTINGS_MODULE": settings or self.settings}
         process = self.spawn(
             name,
@@ -222,6 +223,8 @@ class Stack:
                 f"127.0.0.1:{port}",
                 "--workers",
                 str(workers),
+                "--threads",
+                str(self.web_threads),
                 "--timeout",
                 "60",
                 "--graceful-timeout",
