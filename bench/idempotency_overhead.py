@@ -2,10 +2,10 @@
 with the other ways to do it, and how does it hold up as data and load grow?
 
 Starts its own processes (bench/stack.py): a redis-server for the locks and the
-replay cache and one for the Celery broker, gunicorn (4 sync workers) and a real
-Celery worker, on a PostgreSQL database of its own (`bench_idem_<pid>`, created and
-dropped by the run; the benchmark settings make the key optional on the write
-endpoints). Then, in one run:
+replay cache and one for the Celery broker, gunicorn (4 sync workers; `--threads`)
+and a real Celery worker, on a PostgreSQL database of its own (`bench_idem_<pid>`,
+created and dropped by the run; the benchmark settings make the key optional on the
+write endpoints). Then, in one run:
 
 1. Peers: the pre-order (the smallest write there is, one autocommit INSERT) without
    the layer, and first executions and replays with ours, with the seeds' naive
