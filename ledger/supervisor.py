@@ -65,17 +65,33 @@ def free_port() -> int:
     any outgoing connection (to PostgreSQL, to Redis) may take it as its own local
     end, and the server then fails to start with "address in use". Below the range
     only a listener's explicit bind takes a port, and this process hands out none
-    twice.
+    twice (`claim`).
     """
     try:
         low = int(_EPHEMERAL_RANGE.read_text().split()[0])
     except (OSError, ValueError, IndexError):
-        low = 32768  # not Linux: below every other system's range too
-    while True:
-        port = random.randrange(low // 2, low)  # noqa: S311 - not a secret
-        if port not in _handed_out and bindable(port):
-            _handed_out.add(port)
+        low = 32768  # Linux's default
+    first = max(1024, low // 2)
+    below = low - first >= 1024  # (not when the range was tuned to start near 1024)
+    for _ in range(1000):
+        port = random.randrange(first, low) if below else _any_port()  # noqa: S311
+        if claim(port):
             return port
+    raise RuntimeError(f"no free port on 127.0.0.1 below {low}")
+
+
+def claim(port: int) -> bool:
+    """`port` is free and this process never handed it out: it is taken now."""
+    if port in _handed_out or not bindable(port):
+        return False
+    _handed_out.add(port)
+    return True
+
+
+def _any_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
 
 
 def bindable(port: int) -> bool:

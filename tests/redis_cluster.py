@@ -17,7 +17,7 @@ from pathlib import Path
 
 from redis.crc import key_slot
 
-from ledger.supervisor import bindable
+from ledger.supervisor import claim
 from tests.servers import wait_for_port
 
 NODE_TIMEOUT_MS = 1000
@@ -25,10 +25,11 @@ NODE_TIMEOUT_MS = 1000
 
 def free_cluster_port(taken: set[int]) -> int:
     """A port P with P and its cluster bus port P + 10000 both free, below the
-    ephemeral range, so no outgoing connection takes either meanwhile."""
+    ephemeral range, so no outgoing connection takes either meanwhile; both claimed,
+    so that `free_port` never hands out either."""
     while True:
         port = random.randrange(10000, 22000)
-        if port not in taken and bindable(port) and bindable(port + 10000):
+        if port not in taken and claim(port) and claim(port + 10000):
             return port
 
 

@@ -190,3 +190,15 @@ def test_a_free_port_is_one_no_connection_can_take_and_nobody_holds(monkeypatch)
         draws = iter([given, held_port, fresh])
         monkeypatch.setattr(supervisor.random, "randrange", lambda *_: next(draws))
         assert free_port() == fresh
+
+
+def test_a_range_tuned_to_start_near_1024_still_gives_a_free_port(
+    monkeypatch, tmp_path
+):
+    from ledger import supervisor
+
+    tuned = tmp_path / "ip_local_port_range"
+    tuned.write_text("1024\t65535\n")
+    monkeypatch.setattr(supervisor, "_EPHEMERAL_RANGE", tuned)
+    port = free_port()
+    assert port >= 1024 and bindable(port)
