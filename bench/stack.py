@@ -192,7 +192,9 @@ class Stack:
     def start(self) -> None:
         self.start_redis("broker", self.broker_port)
         self.cache_redis = self.start_redis("cache", self.cache_port)
-        self.web = self.start_gunicorn("gunicorn", self.web_port, self.web_workers)
+        self.web = self.start_gunicorn(
+            "gunicorn", self.web_port, self.web_workers, threads=self.web_threads
+        )
         self.provider = self.start_gunicorn("provider", self.provider_port, 2)
         self.start_worker()
         self.beat = self.spawn(
@@ -206,11 +208,16 @@ class Stack:
         raise RuntimeError(f"redis-server on {port} never came up")
 
     def start_gunicorn(
-        self, name: str, port: int, workers: int, settings: str | None = None
+        self,
+        name: str,
+        port: int,
+        workers: int,
+        settings: str | None = None,
+        threads: int = 1,
     ) -> subprocess.Popen:
         """gunicorn on `port`, set up as the project ships it (`bench/gunicorn.py`),
-        with the stack's threads a worker (1: sync workers); with `settings`,
-        another settings module than the stack's own (a contender's server)."""
+        `threads` a worker (1: sync workers); with `settings`, another settings
+        module than the stack's own (a contender's server)."""
         env = {**self.env(), "DJANGO_SETTINGS_MODULE": settings or self.settings}
         process = self.spawn(
             name,
@@ -224,7 +231,7 @@ class Stack:
                 "--workers",
                 str(workers),
                 "--threads",
-                str(self.web_threads),
+                str(threads),
                 "--timeout",
                 "60",
                 "--graceful-timeout",

@@ -51,11 +51,15 @@ def test_the_quick_benchmark_prints_every_figure(tmp_path):
     result = json.loads(output.strip().splitlines()[-1])
     assert not FIGURES - set(result), "figures missing"
     # The targets' ratios of the totals too, beside the median rounds'.
+    ratios = (
+        "first_vs_floor",
+        "replay_ratio",
+        "pay_first_ratio",
+        "powertools_first_ratio",
+    )
     assert set(result["pooled"]) == {
-        f"{name}_c{c}"
-        for name in ("first_vs_floor", "replay_ratio", "pay_first_ratio")
-        for c in (8, 32)
-    }
+        f"{name}_c{c}" for name in ratios for c in (8, 32)
+    } | {"hot_merchant_ratio", "hot_merchant_sub_accounts_ratio"}
     assert all(value > 0 for value in result["pooled"].values())
     assert result["double_executions"] == 0
     assert result["powertools_measured"] == 1
