@@ -8,6 +8,10 @@ accesslog = "-"
 timeout = 60
 # SIGTERM lets requests in flight finish for this long before workers are killed.
 graceful_timeout = 30
+# gunicorn's control socket (`gunicornc`): unused here, and a thread in the master
+# that stops and starts again around every fork of a worker; every gunicorn of one
+# user on one machine (make run's web and provider) shares its default path.
+control_socket_disable = True
 
 
 def post_worker_init(worker: Any) -> None:
