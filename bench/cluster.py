@@ -115,7 +115,8 @@ class ClusterStack(Stack):
             # a web server for the rest of the run.
             f"rm -f {pids}.gunicorn.pid",
             "set +e",
-            f"{BIN}/gunicorn ledger.wsgi --bind 127.0.0.1:{self.host_ports[n]}"
+            f"{BIN}/gunicorn ledger.wsgi --config python:ledger.gunicorn"
+            f" --bind 127.0.0.1:{self.host_ports[n]}"
             f" --workers {self.web_workers} --timeout 60 --graceful-timeout 1"
             f" --backlog 512 --pid {pids}.gunicorn.pid &",
             f"{celery} worker --pool=prefork --concurrency=2 --without-gossip"
