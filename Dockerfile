@@ -15,7 +15,7 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     LEDGER_DATA_DIR=/var/lib/ledger
 
 # An unprivileged user runs everything; it owns the data directory (and so the named
-# volumes mounted there start out owned by it) and its home (gunicorn's control socket).
+# volumes mounted there start out owned by it) and a home of its own.
 RUN useradd --system --uid 10001 --user-group --create-home --home-dir /home/app app \
     && mkdir -p /var/lib/ledger/static \
     && chown -R app:app /var/lib/ledger \
