@@ -38,9 +38,14 @@ def children(pid: int) -> list[int]:
 
 @contextmanager
 def gunicorn(
-    tmp_path: Path, settings_module: str, workers: int = 1, **env: str
+    tmp_path: Path,
+    settings_module: str,
+    workers: int = 1,
+    config: str | None = None,
+    **env: str,
 ) -> Iterator[tuple[str, subprocess.Popen]]:
-    """Serve the app on the test database; yield (base URL, master process)."""
+    """Serve the app on the test database, with gunicorn's settings module `config`
+    if given (`--config python:<config>`); yield (base URL, master process)."""
     port = free_port()
     db = connection.settings_dict
     environment = {
@@ -65,6 +70,7 @@ def gunicorn(
             "1",
             "--timeout",
             "60",
+            *(["--config", f"python:{config}"] if config else []),
         ],
         cwd=ROOT,
         env=environment,
