@@ -1,3 +1,4 @@
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -6,8 +7,22 @@ import pytest
 from django.db import connection, connections
 
 from idempotency.snowflake import forget_worker_lease
+from tests import reaper
 from tests.factories import UserFactory
 from tests.servers import OwnRedis
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    reaper.start()
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """A process a test started and left running fails the run (`tests.reaper`)."""
+    if left := reaper.stragglers():
+        lines = "\n".join(f"  {process}" for process in left)
+        sys.stderr.write(f"\nprocesses the tests left running (killed now):\n{lines}\n")
+        if session.exitstatus == pytest.ExitCode.OK:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 def run_in_threads(count: int, work: Callable[[int], Any]) -> list[Any]:
