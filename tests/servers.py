@@ -5,6 +5,7 @@ ends, so nothing outlives the test that started it.
 """
 
 import os
+import shlex
 import signal
 import socket
 import subprocess
@@ -36,16 +37,34 @@ def children(pid: int) -> list[int]:
     return [int(p) for p in path.read_text().split()] if path.exists() else []
 
 
+def procfile_options(name: str = "web") -> tuple[int, list[str]]:
+    """The workers and the other options of the Procfile's gunicorn line `name`
+    (what `make run` starts), but its --bind."""
+    (line,) = [
+        line
+        for line in (ROOT / "Procfile").read_text().splitlines()
+        if line.startswith(f"{name}:")
+    ]
+    args = shlex.split(line.split(":", 1)[1])
+    args = args[args.index("ledger.wsgi") + 1 :]
+    workers, options = 1, []
+    while args:
+        option = args.pop(0)
+        value = args.pop(0) if args and not args[0].startswith("-") else ""
+        if option == "--workers":
+            workers = int(value)
+        elif option != "--bind":
+            options += [option, value] if value else [option]
+    return workers, options
+
+
 @contextmanager
 def gunicorn(
-    tmp_path: Path,
-    settings_module: str,
-    workers: int = 1,
-    config: str | None = None,
-    **env: str,
+    tmp_path: Path, settings_module: str, workers: int = 1, **env: str
 ) -> Iterator[tuple[str, subprocess.Popen]]:
-    """Serve the app on the test database, with gunicorn's settings module `config`
-    if given (`--config python:<config>`); yield (base URL, master process)."""
+    """Serve the app on the test database as the Procfile's web line does (the
+    project's gunicorn settings, its threads), with `workers` workers and a grace
+    of one second on stop; yield (base URL, master process)."""
     port = free_port()
     db = connection.settings_dict
     environment = {
@@ -62,15 +81,13 @@ def gunicorn(
         [
             str(ROOT / ".venv/bin/gunicorn"),
             "ledger.wsgi",
+            *procfile_options()[1],
             "--bind",
             f"127.0.0.1:{port}",
             "--workers",
             str(workers),
             "--graceful-timeout",
             "1",
-            "--timeout",
-            "60",
-            *(["--config", f"python:{config}"] if config else []),
         ],
         cwd=ROOT,
         env=environment,

@@ -27,13 +27,12 @@ def test_a_worker_hides_what_it_loaded_from_the_collector():
 
 
 @pytest.mark.slow
-def test_gunicorn_started_with_the_settings_opens_no_control_socket(tmp_path):
+def test_gunicorn_started_as_make_run_does_opens_no_control_socket(tmp_path):
     """gunicorn's default control socket lives in $HOME (or $XDG_RUNTIME_DIR); the
     project's settings turn it off, so a master runs no thread of its own beside
     its workers and two gunicorns of one user do not take the path from each other."""
     home = {"HOME": str(tmp_path), "XDG_RUNTIME_DIR": ""}  # ("": not set)
-    served = gunicorn(tmp_path, "ledger.settings", config="ledger.gunicorn", **home)
-    with served as (url, _):
+    with gunicorn(tmp_path, "ledger.settings", **home) as (url, _):
         assert not (tmp_path / ".gunicorn").exists()
         log = tmp_path / f"gunicorn-{url.rsplit(':', 1)[1]}.log"
         assert "Control socket" not in log.read_text()

@@ -6,7 +6,6 @@ problem+json.
 
 import io
 import json
-import shlex
 import socket
 import time
 import uuid
@@ -21,40 +20,19 @@ from idempotency.models import IdempotencyRecord
 from ledger.openapi import problem_codes
 from orders.models import Order
 from tests.helpers import Customer
-from tests.servers import ROOT, dechunk, gunicorn, raw_exchange
+from tests.servers import dechunk, gunicorn, procfile_options, raw_exchange
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
 LIMIT = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
 
 
-def procfile_web() -> tuple[int, dict[str, str]]:
-    """The workers and the other options of the Procfile's gunicorn, as
-    `tests.servers.gunicorn` takes them (it binds and logs by itself)."""
-    (line,) = [
-        line
-        for line in (ROOT / "Procfile").read_text().splitlines()
-        if line[:4] == "web:"
-    ]
-    args = shlex.split(line.split(":", 1)[1])
-    args = args[args.index("ledger.wsgi") + 1 :]
-    workers, options = 1, []
-    while args:
-        name = args.pop(0)
-        value = args.pop(0) if args and not args[0].startswith("-") else ""
-        if name == "--workers":
-            workers = int(value)
-        elif name != "--bind":
-            options += [name, value] if value else [name]
-    return workers, {"GUNICORN_CMD_ARGS": shlex.join(options)}
-
-
 @pytest.fixture(scope="module")
 def url(django_db_setup, tmp_path_factory) -> Iterator[str]:
     """One gunicorn for the module, on the test database."""
-    workers, env = procfile_web()
+    workers, _ = procfile_options()
     tmp = tmp_path_factory.mktemp("limits")
-    with gunicorn(tmp, "ledger.settings.test", workers=workers, **env) as (url, _):
+    with gunicorn(tmp, "ledger.settings.test", workers=workers) as (url, _):
         yield url
 
 
