@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 from urllib.parse import urlencode
 
 from django import forms
+from django.conf import settings
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
 from django.db.models import Model, QuerySet
@@ -69,14 +70,18 @@ def one_time_token() -> str:
     return nonce + _seal(nonce)
 
 
-def _seal(nonce: str) -> str:
-    return salted_hmac("ledger.backoffice.token", nonce).hexdigest()[:16]
+def _seal(nonce: str, secret: str | None = None) -> str:
+    return salted_hmac("ledger.backoffice.token", nonce, secret=secret).hexdigest()[:16]
 
 
 def token_issued(token: str) -> bool:
-    return bool(TOKEN.fullmatch(token)) and constant_time_compare(
-        token[16:], _seal(token[:16])
-    )
+    """Sealed under the secret key, or under one it replaced that is still listed in
+    SECRET_KEY_FALLBACKS (a form opened before the key was rotated)."""
+    if not TOKEN.fullmatch(token):
+        return False
+    nonce, seal = token[:16], token[16:]
+    keys = [settings.SECRET_KEY, *settings.SECRET_KEY_FALLBACKS]
+    return any(constant_time_compare(seal, _seal(nonce, key)) for key in keys)
 
 
 DAMAGED = _("This form is damaged; open it again.")

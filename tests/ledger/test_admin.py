@@ -185,6 +185,29 @@ def test_credit_refuses_a_token_the_server_did_not_issue(admin_client):
     assert credits(wallet) == 1
 
 
+def test_a_form_opened_before_the_secret_key_was_rotated_submits_once(
+    admin_client, settings
+):
+    """DJANGO_SECRET_KEY replaced, the old key in DJANGO_SECRET_KEY_FALLBACKS: a
+    form staff opened before still submits (and its retry is the same operation);
+    once the old key is dropped, such a form is refused as damaged."""
+    _, _, wallet = customer("alice")
+    first, second = (
+        token_of(open_action(admin_client, ACCOUNTS, "credit", [wallet.pk]))
+        for _ in range(2)
+    )
+    old = settings.SECRET_KEY
+    settings.SECRET_KEY, settings.SECRET_KEY_FALLBACKS = f"rotated-{old}", [old]
+    assert credit(admin_client, wallet, first).status_code == 200
+    assert credit(admin_client, wallet, first).status_code == 200
+    assert (balance(wallet), credits(wallet)) == (1250, 1)
+    settings.SECRET_KEY_FALLBACKS = []
+    response = credit(admin_client, wallet, second)
+    assert response.status_code == 400
+    assert "This form is damaged; open it again." in response.content.decode()
+    assert (balance(wallet), credits(wallet)) == (1250, 1)
+
+
 def test_credit_refuses_what_is_not_a_customer_wallet(admin_client):
     _, _, wallet = customer("alice")
     merchant = merchant_account(currency="CNY")
