@@ -68,6 +68,35 @@ def rabbitmqctl(*args: str) -> None:
     )
 
 
+def descendants(pid: int) -> list[int]:
+    found = []
+    for child in children(pid):
+        found += [child, *descendants(child)]
+    return found
+
+
+def command(pid: int) -> list[str]:
+    """The process's arguments, as it was started."""
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:  # gone
+        return []
+    return raw.decode(errors="replace").split("\0")[:-1]
+
+
+def celery_pool_pids(host: int) -> list[int]:
+    """The pool processes of the Celery worker running under `host`: the children
+    of a process started as `celery ... worker`. Not those of the host's shell,
+    whose script names the worker too: they are the gunicorn master, the worker
+    itself and beat, which a pool process's death must not take with it."""
+    pids = []
+    for pid in descendants(host):
+        argv = command(pid)
+        if "worker" in argv and any(Path(a).name == "celery" for a in argv[:2]):
+            pids += children(pid)
+    return pids
+
+
 class ClusterStack(Stack):
     """The hosts, nginx, the Redis Cluster, RabbitMQ and the provider simulator."""
 
@@ -257,20 +286,6 @@ class ClusterStack(Stack):
             if process.poll() is not None:
                 self.start_host(n)
 
-    def _descendants(self, pid: int) -> list[int]:
-        found = []
-        for child in children(pid):
-            found += [child, *self._descendants(child)]
-        return found
-
-    def _cmdline(self, pid: int) -> str:
-        try:
-            return (
-                Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-            )
-        except OSError:
-            return ""
-
     def web_workers_pids(self) -> list[int]:
         pids = []
         for n, group in self.host_groups.items():
@@ -283,12 +298,8 @@ class ClusterStack(Stack):
     def worker_pool_pids(self) -> list[int]:
         pids = []
         for group in self.host_groups.values():
-            if group.poll() is not None:
-                continue
-            for pid in self._descendants(group.pid):
-                cmd = self._cmdline(pid)
-                if " worker " in cmd and "celery" in cmd:
-                    pids += children(pid)
+            if group.poll() is None:
+                pids += celery_pool_pids(group.pid)
         return pids
 
     def restart_rabbitmq(self) -> None:

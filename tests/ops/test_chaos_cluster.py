@@ -8,11 +8,23 @@ process group left behind.
 """
 
 import json
+import subprocess
 import sys
+import time
 
 import pytest
 
-from tests.servers import run_bench
+from bench.cluster import celery_pool_pids, command
+from tests.servers import children, run_bench, stop
+
+FAKE_CELERY = """
+import os, sys, time
+for _ in range(2):  # the pool
+    if os.fork() == 0:
+        time.sleep(300)
+        os._exit(0)
+os.wait()
+"""
 
 
 @pytest.mark.slow
@@ -42,3 +54,29 @@ def test_the_short_cluster_chaos_run_ends_with_no_violation(tmp_path):
     # and beat swept them while hosts died.
     assert result["merchant_sub_accounts_paid"] >= 2
     assert result["merchant_sweeps"] >= 1
+
+
+def test_the_chaos_kills_pool_processes_not_what_the_host_script_started(tmp_path):
+    """A host is `sh -c <script>`, and the script names `celery ... worker` too: the
+    children of the shell (gunicorn's master, the worker itself, beat) are not the
+    pool processes a "Celery pool process" kill may take."""
+    celery = tmp_path / "celery"
+    celery.write_text(FAKE_CELERY)
+    script = (
+        "sleep 300 &  # gunicorn ledger.wsgi\n"
+        f"{sys.executable} {celery} -A ledger worker --pool=prefork &\n"
+        "wait"
+    )
+    host = subprocess.Popen(["sh", "-c", script], start_new_session=True)
+    try:
+        deadline = time.monotonic() + 10
+        while (
+            time.monotonic() < deadline and len(pool := celery_pool_pids(host.pid)) < 2
+        ):
+            time.sleep(0.05)
+        started = children(host.pid)  # by the shell: the sleep and the worker
+        (worker,) = [pid for pid in started if "worker" in command(pid)]
+        assert sorted(pool) == sorted(children(worker))
+        assert len(pool) == 2 and not set(started) & set(pool)
+    finally:
+        stop(host)
