@@ -29,7 +29,15 @@ from django.db import connection
 
 from ledger.openapi import problem_codes
 from tests.helpers import Customer, assert_problem, wait_for
-from tests.servers import ROOT, children, free_port, gunicorn, raw_exchange, stop
+from tests.servers import (
+    ROOT,
+    children,
+    free_port,
+    gunicorn,
+    procfile_options,
+    raw_exchange,
+    stop,
+)
 
 NGINX = shutil.which("nginx") or "/usr/sbin/nginx"
 LEASE = 2  # seconds, the idempotency lease of the upstreams
@@ -197,40 +205,52 @@ def retry_until_done(url: str, customer: Customer, key: str, **body) -> httpx.Re
         time.sleep(float(answer.headers.get("Retry-After", "0.2")))
 
 
-def in_view_elsewhere() -> bool:
-    """Some other connection is inside the view's transaction (it has written)."""
+def in_view_elsewhere() -> int:
+    """How many other connections are inside a view's transaction: have written,
+    or wait for a row lock to write (one customer's deposits queue on its wallet)."""
     with connection.cursor() as cursor:
         cursor.execute(
             "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
-            " AND state = 'idle in transaction' AND pid <> pg_backend_pid()"
+            " AND backend_type = 'client backend' AND pid <> pg_backend_pid()"
+            " AND (state = 'idle in transaction'"
+            " OR (state = 'active' AND wait_event_type = 'Lock'))"
         )
-        return cursor.fetchone()[0] > 0
+        return cursor.fetchone()[0]
 
 
 def test_stalled_post_is_not_retried_but_a_stalled_get_fails_over(tmp_path):
+    """Upstream A runs the Procfile's threads; a stalled POST holds each of them, so
+    a GET to A stalls too."""
+    _, options = procfile_options()
+    threads = int(options[options.index("--threads") + 1])
     alice = Customer("alice")
-    key = f"gw-{uuid.uuid4()}"
+    keys = [f"gw-{uuid.uuid4()}" for _ in range(threads)]
     answers: dict[str, httpx.Response] = {}
     with gateway(tmp_path, read_timeout=1) as gw:
         url = gw["url"]
 
-        def slow_post() -> None:
-            answers["post"] = post_deposit(url, alice, key, sleep=4)
+        def slow_post(key: str) -> None:
+            answers[key] = post_deposit(url, alice, key, sleep=4)
 
-        thread = threading.Thread(target=slow_post)
-        thread.start()
-        wait_for(in_view_elsewhere)  # A's only worker is now inside the view
-        # A GET to A now waits behind the stalled POST: nginx times out, tries B.
+        posts = [threading.Thread(target=slow_post, args=(key,)) for key in keys]
+        for post in posts:
+            post.start()
+        wait_for(lambda: in_view_elsewhere() == threads)  # A has no thread left
+        # A GET to A now waits behind the stalled POSTs: nginx times out, tries B.
         get = httpx.get(f"{url}/healthz", headers={"X-Request-ID": "get-1"}, timeout=30)
-        thread.join(timeout=30)
+        for post in posts:
+            post.join(timeout=30)
 
         assert get.status_code == 200
         assert get.headers["X-Request-ID"] == "get-1"
-        assert_documented_problem(answers["post"], 504, "gateway_timeout")
-        assert answers["post"].headers["X-Request-ID"]  # made up by nginx
-        entries = {entry["method"]: entry for entry in gateway_log(gw["log"], 2)}
-        assert entries["POST"]["upstream_addr"] == gw["a"]  # tried once, on A only
-        assert entries["GET"]["upstream_addr"] == f"{gw['a']}, {gw['b']}"
+        for key in keys:
+            assert_documented_problem(answers[key], 504, "gateway_timeout")
+            assert answers[key].headers["X-Request-ID"]  # made up by nginx
+        entries = gateway_log(gw["log"], threads + 1)
+        (got,) = [entry for entry in entries if entry["method"] == "GET"]
+        posted = [entry for entry in entries if entry["method"] == "POST"]
+        assert [entry["upstream_addr"] for entry in posted] == [gw["a"]] * threads
+        assert got["upstream_addr"] == f"{gw['a']}, {gw['b']}"  # tried A, then B
         assert upstream_requests(gw["b_log"], "POST", "/test/deposits") == []
         # The id reached upstream B (gunicorn logs just after it answers).
         wait_for(
@@ -240,11 +260,12 @@ def test_stalled_post_is_not_retried_but_a_stalled_get_fails_over(tmp_path):
             )
         )
 
-        # The stalled POST finishes on A by itself; the retry gets its answer.
-        final = retry_until_done(url, alice, key, sleep=4)
-        assert final.status_code == 201
-        assert final.headers["Idempotent-Replayed"] == "true"
-        assert alice.deposits() == 1
+        # The stalled POSTs finish on A by themselves; the retries get their answers.
+        for key in keys:
+            final = retry_until_done(url, alice, key, sleep=4)
+            assert final.status_code == 201
+            assert final.headers["Idempotent-Replayed"] == "true"
+        assert alice.deposits() == threads
 
 
 def test_upstream_dying_mid_post_is_not_retried_and_the_retry_runs_once(tmp_path):
