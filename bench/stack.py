@@ -12,7 +12,6 @@ every group id is written to `<workdir>/pgids` so a supervisor (the test) can ki
 what is left whatever happened.
 """
 
-import ctypes
 import json
 import os
 import signal
@@ -27,6 +26,7 @@ import psycopg
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from bench.agent import CHAOS_SKU  # noqa: E402
+from ledger.supervisor import die_with_parent  # noqa: E402
 from tests.servers import (  # noqa: E402
     children,
     free_port,
@@ -41,16 +41,6 @@ DB = os.environ.get("CHAOS_DB", "ledger_chaos")  # dropped and created per run
 CHAOS_PRICE = 150
 CHAOS_STOCK = 10**9
 BIN = ROOT / ".venv/bin"
-PR_SET_PDEATHSIG = 1
-_prctl = ctypes.CDLL(None, use_errno=True).prctl  # looked up before any fork
-
-
-def _die_with_parent() -> None:
-    """In the child, before exec: SIGKILL me when the runner's (main) thread ends.
-    Every process is spawned from the runner's main thread for this reason."""
-    _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-
-
 REAPER = """
 import os, signal, sys
 sys.stdin.read()  # returns when the runner closes the pipe or dies, however it dies
@@ -141,7 +131,9 @@ class Stack:
             stdout=popen.pop("stdout", log),
             stderr=popen.pop("stderr", subprocess.STDOUT),
             start_new_session=True,
-            preexec_fn=_die_with_parent,
+            # (SIGKILL when the runner dies: every process is spawned from its
+            # main thread, whose end is what the kernel watches)
+            preexec_fn=die_with_parent(signal.SIGKILL),
             **popen,
         )
         log.close()

@@ -31,12 +31,23 @@ from pathlib import Path
 from typing import IO
 
 PR_SET_PDEATHSIG = 1
-_libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+# Looked up now, not in a child between fork and exec; None where there is no prctl.
+_prctl = getattr(
+    ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True), "prctl", None
+)
 
 
-def _die_with_parent() -> None:  # runs in the child between fork and exec
-    with contextlib.suppress(AttributeError):
-        _libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+def die_with_parent(signum: int = signal.SIGTERM) -> Callable[[], None]:
+    """A `preexec_fn`: the kernel sends the child `signum` when the thread that
+    started it ends, however it ends (Linux's parent-death signal; elsewhere, nothing).
+    Hence processes meant to live as long as their starter are started from its
+    main thread."""
+
+    def arm() -> None:  # in the child, between fork and exec
+        if _prctl is not None:
+            _prctl(PR_SET_PDEATHSIG, signum)
+
+    return arm
 
 
 def stop_with_parent() -> None:
@@ -47,8 +58,7 @@ def stop_with_parent() -> None:
     longer stop the stack, so the stack stops itself as on Ctrl-C instead of running
     on without anyone to stop it."""
     parent = os.getppid()
-    with contextlib.suppress(AttributeError):
-        _libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    die_with_parent(signal.SIGTERM)()
     if os.getppid() != parent:  # it died before we asked
         os.kill(os.getpid(), signal.SIGTERM)
 
@@ -142,7 +152,7 @@ class Supervisor:
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
-                preexec_fn=_die_with_parent,
+                preexec_fn=die_with_parent(signal.SIGTERM),
             )
             os.set_blocking(process.stdout.fileno(), False)  # type: ignore[union-attr]
             self.children.append(Child(name, process))
