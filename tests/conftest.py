@@ -16,6 +16,7 @@ def pytest_configure(config: pytest.Config) -> None:
     reaper.start()
 
 
+@pytest.hookimpl(trylast=True)  # after pytest has torn down the session's fixtures
 def pytest_sessionfinish(session: pytest.Session) -> None:
     """A process a test started and left running fails the run (`tests.reaper`)."""
     if left := reaper.stragglers():

@@ -42,7 +42,9 @@ with contextlib.suppress(OSError):
 SECRET_KEY = env("DJANGO_SECRET_KEY", "dev-only-insecure-secret-key-change-me")
 # The keys DJANGO_SECRET_KEY replaced, comma-separated: what they signed (sessions,
 # the back office's one-time form tokens) stays valid while they are listed here.
-SECRET_KEY_FALLBACKS = [k for k in env("DJANGO_SECRET_KEY_FALLBACKS").split(",") if k]
+SECRET_KEY_FALLBACKS = [
+    k.strip() for k in env("DJANGO_SECRET_KEY_FALLBACKS").split(",") if k.strip()
+]
 DEBUG = env_bool("DJANGO_DEBUG", False)
 ALLOWED_HOSTS = env(
     "DJANGO_ALLOWED_HOSTS", "127.0.0.1,localhost,[::1],testserver"

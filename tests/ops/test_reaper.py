@@ -17,14 +17,18 @@ from tests.servers import ROOT, wait_for_port
 
 pytestmark = pytest.mark.slow
 
-FORGETS_A_REDIS = """
-from tests.servers import redis_server
+LEAVES_AN_ORPHAN = """
+import shlex, subprocess, time
+from tests.servers import free_port, redis_command
 
-server = redis_server()  # (held here: a dropped context manager would stop it)
-
-def test_forgets_its_redis():
-    url, _process = server.__enter__()  # and never leaves it
-    open({port_file!r}, "w").write(url.rsplit(":", 1)[1].split("/")[0])
+def test_leaves_a_redis_behind():
+    port = free_port()
+    # The shell that starts it exits: redis-server lives on with no parent of the
+    # run's, and its process title written over the environment that marked it.
+    starter = f"{{shlex.join(redis_command(port))}} > /dev/null & sleep 1.2"
+    subprocess.Popen(["sh", "-c", starter], start_new_session=True)
+    open({port_file!r}, "w").write(str(port))
+    time.sleep(2.5)
 """
 
 DIES_WITH_A_GUNICORN_RUNNING = """
@@ -66,7 +70,7 @@ def answers(port: int, seconds: float) -> bool:
 
 
 def test_a_process_a_test_left_running_fails_the_run_and_is_killed(tmp_path):
-    done, port = inner_run(tmp_path, FORGETS_A_REDIS)
+    done, port = inner_run(tmp_path, LEAVES_AN_ORPHAN)
     assert done.returncode == 1, done.stdout + done.stderr
     assert "1 passed" in done.stdout
     assert "processes the tests left running (killed now)" in done.stderr
