@@ -101,7 +101,9 @@ class ClusterStack(Stack):
     """The hosts, nginx, the Redis Cluster, RabbitMQ and the provider simulator."""
 
     def __init__(self, workdir: Path, *, hosts: int, skew: int) -> None:
-        super().__init__(workdir, web_workers=2, lease_seconds=LEASE_SECONDS)
+        super().__init__(
+            workdir, web_workers=2, web_threads=4, lease_seconds=LEASE_SECONDS
+        )
         self.hosts = hosts
         self.skew = skew
         self.host_ports = {n: free_port() for n in range(1, hosts + 1)}
@@ -146,7 +148,8 @@ class ClusterStack(Stack):
             "set +e",
             f"{BIN}/gunicorn ledger.wsgi --config python:ledger.gunicorn"
             f" --bind 127.0.0.1:{self.host_ports[n]}"
-            f" --workers {self.web_workers} --timeout 60 --graceful-timeout 1"
+            f" --workers {self.web_workers} --threads {self.web_threads}"
+            " --timeout 60 --graceful-timeout 1"
             f" --backlog 512 --pid {pids}.gunicorn.pid &",
             f"{celery} worker --pool=prefork --concurrency=2 --without-gossip"
             " --without-mingle --without-heartbeat --loglevel=INFO &",

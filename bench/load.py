@@ -72,6 +72,8 @@ def options(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--seconds", type=float, help="load duration")
     parser.add_argument("--retries", type=int, default=2, help="per step, same key")
     parser.add_argument("--web-workers", type=int, default=4)
+    # (compose's web: 4 workers of 4 threads)
+    parser.add_argument("--web-threads", type=int, default=4, help="per worker")
     parser.add_argument("--overhead-seconds", type=float, help="per scenario")
     parser.add_argument("--settle-seconds", type=float, help="bounded final wait")
     parser.add_argument("--seed", type=int, default=None)
@@ -608,7 +610,12 @@ def main(argv: list[str] | None = None) -> int:
     workdir.mkdir(parents=True, exist_ok=True)
     begun = time.monotonic()
     print(f"work directory: {workdir} (seed {args.seed})", flush=True)
-    stack = Stack(workdir, web_workers=args.web_workers, lease_seconds=LEASE_SECONDS)
+    stack = Stack(
+        workdir,
+        web_workers=args.web_workers,
+        web_threads=args.web_threads,
+        lease_seconds=LEASE_SECONDS,
+    )
     proxy = CuttingProxy(stack.web_port, cut_probability=0.05)
     stack.callback_url = proxy.url  # callbacks go through the cutting proxy too
     try:
