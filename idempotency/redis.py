@@ -8,6 +8,7 @@ a request should wait for its fast path); then, like a single node that is down,
 raises a `redis.RedisError` and the caller falls back (`IDEMPOTENCY_REDIS_FAILURE`).
 """
 
+import threading
 from functools import cache
 from typing import Any
 
@@ -43,6 +44,9 @@ class Cluster(RedisCluster):
 
 
 Client = redis.Redis | Cluster
+# Threads of one worker that ask for the first time at once wait for one client
+# (`cache` alone lets each build its own: pools and, on a cluster, its map lookup).
+_connecting = threading.Lock()
 
 
 @cache
@@ -66,7 +70,10 @@ def get_redis() -> Client | None:
     can be reached to learn its map (a single node connects on first use instead).
     """
     url = settings.REDIS_URL
-    return _client(url, settings.REDIS_CLUSTER) if url else None
+    if not url:
+        return None
+    with _connecting:
+        return _client(url, settings.REDIS_CLUSTER)
 
 
 def is_cluster() -> bool:
