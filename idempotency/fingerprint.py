@@ -20,6 +20,20 @@ def key_is_valid(key: str) -> bool:
     return KEY_PATTERN.fullmatch(key) is not None
 
 
+def key_of(header: str | None) -> str | None:
+    """The key an `Idempotency-Key` header names.
+
+    A client library or a proxy that sends the field twice makes the server see the
+    two values joined by a comma (`k,k`; some proxies join with `, `). The same key
+    repeated is that one key: read literally, `k,k` would be a new key, and the
+    retry that sends `k` once a second execution. Different values stay as they
+    came (a comma is a printable character of a key like any other)."""
+    if header is None or "," not in header:
+        return header
+    first, *others = (part.strip(" \t") for part in header.split(","))
+    return first if first and all(other == first for other in others) else header
+
+
 class Number(str):
     """A JSON number kept as the text it was written as."""
 

@@ -27,6 +27,7 @@ from django.http import Http404, HttpRequest, HttpResponse, UnreadablePostError
 from django.urls import Resolver404, resolve
 
 from idempotency import metrics as idempotency_metrics
+from idempotency.fingerprint import key_of
 
 from . import metrics
 from .logging import key_digest
@@ -111,7 +112,7 @@ class RequestLogMiddleware:
                 "duration_ms": round(duration * 1000, 1),
                 "user_id": user_id_of(request),
                 "idempotency_key_sha256": key_digest(
-                    request.headers.get("Idempotency-Key")
+                    key_of(request.headers.get("Idempotency-Key"))
                 ),
                 "idempotency_outcome": outcomes[-1] if outcomes else None,
             },

@@ -4,10 +4,16 @@ change does."""
 import json
 import random
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from idempotency.fingerprint import canonical_body, changed_fields, fingerprint
+from idempotency.fingerprint import (
+    canonical_body,
+    changed_fields,
+    fingerprint,
+    key_of,
+)
 
 scalars = st.one_of(
     st.none(),
@@ -89,3 +95,21 @@ def test_non_json_bodies_are_fingerprinted_by_their_bytes():
     assert fp("not json") == fp("not json")
     assert fp("not json") != fp("not json!")
     assert fp("") == fp("  ")
+
+
+@pytest.mark.parametrize(
+    ("header", "key"),
+    [
+        (None, None),
+        ("k-1", "k-1"),
+        ("k-1,k-1", "k-1"),  # the field twice, as gunicorn joins it
+        ("k-1, k-1", "k-1"),  # as a proxy that joins with ", " does
+        ("k-1,k-1,k-1", "k-1"),
+        ("a,b", "a,b"),  # two keys, or one with a comma: as it came
+        ("k-1,K-1", "k-1,K-1"),
+        (",", ","),
+        ("k-1,", "k-1,"),
+    ],
+)
+def test_a_key_repeated_in_the_header_is_that_key(header, key):
+    assert key_of(header) == key

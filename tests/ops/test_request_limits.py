@@ -93,6 +93,41 @@ def test_a_body_over_the_limit_is_413_and_its_key_stays_free(url):
     assert Order.objects.count() == 3
 
 
+@pytest.mark.parametrize("joined", [False, True])
+def test_a_key_sent_twice_is_one_key(url, joined):
+    """A client library or a proxy that repeats the Idempotency-Key field (as two
+    lines, or as one joined with ", "): the request runs once under the key, and
+    the retry that sends the field once is its replay, not a second execution."""
+    alice = Customer("alice")
+    key = f"twice-{uuid.uuid4()}".encode()
+    content = order_body(alice, url)
+    fields = (
+        [b"Idempotency-Key: " + key + b", " + key]
+        if joined
+        else [b"Idempotency-Key: " + key] * 2
+    )
+    status, _, body, _ = raw_exchange(
+        url,
+        b"POST /api/v1/orders HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+        b"Authorization: Token "
+        + alice.token.encode()
+        + b"\r\n"
+        + b"".join(field + b"\r\n" for field in fields)
+        + b"Content-Type: application/json\r\n"
+        + b"Content-Length: "
+        + str(len(content)).encode()
+        + b"\r\n\r\n"
+        + content,
+    )
+    assert status == 201, body
+    again = post_order(alice, url, content, key.decode())
+    assert again.status_code == 201, again.content
+    assert again.headers["Idempotent-Replayed"] == "true"
+    assert again.content == body
+    assert Order.objects.count() == 1
+    assert IdempotencyRecord.objects.filter(key=key.decode()).count() == 1
+
+
 def test_a_declared_length_over_the_limit_is_refused_before_the_body_is_read(url):
     alice = Customer("alice")
     started = time.monotonic()
