@@ -25,13 +25,16 @@ class StrictIntegerField(serializers.IntegerField):
 
 
 class StrictCharField(serializers.CharField):
-    default_error_messages = {"invalid": "A JSON string is required."}
+    default_error_messages = {
+        "invalid": "A JSON string is required.",
+        "nul": "Text may not contain NUL characters (\\u0000).",
+    }
 
     def to_internal_value(self, data: Any) -> str:
         if not isinstance(data, str):
             self.fail("invalid")
         if "\x00" in data:
-            self.fail("invalid")
+            self.fail("nul")
         return super().to_internal_value(data)
 
 

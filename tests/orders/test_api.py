@@ -175,6 +175,16 @@ def test_bad_input_is_a_validation_problem(alice, body, field):
     assert not Order.objects.exists()
 
 
+def test_a_nul_in_text_is_named_as_such(alice):
+    _, client, _ = alice
+    body = {"merchant_order_no": preorder(client), "amount": 1, "description": "a\x00"}
+    problem = assert_problem(create(client, body), 400, "validation_error")
+    assert problem["errors"]["description"] == [
+        "Text may not contain NUL characters (\\u0000)."
+    ]
+    assert not Order.objects.exists()
+
+
 @pytest.mark.parametrize(
     "raw", [b"[1, 2]", b'"text"', b"null", b"{", b"\xff\xfe", b"1e999999"]
 )
