@@ -251,7 +251,7 @@ class ProductListApi(APIView):
 
 class OrderListApi(APIView):
     """The caller's orders, newest first, paginated like every list;
-    `?status=paid` keeps the orders in that state."""
+    `?status=paid` keeps the orders in that state (one state: a second is a 400)."""
 
     class FilterSerializer(serializers.Serializer):
         class Meta:
@@ -273,6 +273,9 @@ class OrderListApi(APIView):
         operation_id="v1_orders_list",
     )
     def get(self, request: Request) -> Response:
+        if len(request.query_params.getlist("status")) > 1:
+            # (read as one of them, the page would silently drop the others)
+            raise serializers.ValidationError({"status": ["Give one status."]})
         filters = self.FilterSerializer(data=request.query_params)
         filters.is_valid(raise_exception=True)
         name = filters.validated_data.get("status")

@@ -55,6 +55,16 @@ def test_an_unknown_status_is_a_400_problem(alice, status):
     assert "status" in body["errors"]
 
 
+def test_a_second_status_is_a_400_problem_not_ignored(alice):
+    _, client = alice
+    body = assert_problem(
+        client.get("/api/v1/orders?status=paid&status=cancelled"),
+        400,
+        "validation_error",
+    )
+    assert body["errors"]["status"] == ["Give one status."]
+
+
 def test_nobody_else_sees_my_orders(alice):
     user, _ = alice
     place_order(user)
