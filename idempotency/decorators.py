@@ -34,11 +34,10 @@ from . import metrics
 from .engine import Call, Phases, execute, refuse_form
 from .exceptions import IdempotencyKeyInvalid, IdempotencyKeyMissing
 from .fastpath import credential_digest
-from .fingerprint import fingerprint, key_is_valid, key_of
+from .fingerprint import fingerprint, key_is_valid, request_key
 from .middleware import FAST_PATH
 from .waiting import preferred_wait
 
-HEADER = "Idempotency-Key"
 # Refusals of the request's form (its JSON, its media type, its schema): decided before
 # the endpoint began executing, so the engine stores nothing and frees the key.
 FORM_ERRORS = (
@@ -59,7 +58,7 @@ def _token_credential(request: Request) -> str:
 def describe(request: Request, endpoint: str, default: str = "required") -> Call | None:
     """Read and validate the key; None when the endpoint may run without one."""
     http = request._request  # (DRF's Request relays each attribute read to it)
-    key = key_of(http.headers.get(HEADER))
+    key = request_key(http.headers)
     mode = settings.IDEMPOTENCY_ENDPOINTS.get(endpoint, default)
     if mode == "off" or (key is None and mode == "optional"):
         return None

@@ -8,11 +8,13 @@ numbers exactly as written (`1.0` and `1` are different requests; we never round
 import hashlib
 import json
 import re
+from collections.abc import Mapping
 from typing import Any
 
 from . import jsonparse
 
 KEY_PATTERN = re.compile(r"[\x20-\x7e]{1,255}")
+HEADER = "Idempotency-Key"
 
 
 def key_is_valid(key: str) -> bool:
@@ -32,6 +34,11 @@ def key_of(header: str | None) -> str | None:
         return header
     first, *others = (part.strip(" \t") for part in header.split(","))
     return first if first and all(other == first for other in others) else header
+
+
+def request_key(headers: Mapping[str, str]) -> str | None:
+    """The key a request names (`key_of` its `Idempotency-Key` header), or None."""
+    return key_of(headers.get(HEADER))
 
 
 class Number(str):

@@ -30,7 +30,7 @@ from django.conf import settings
 from django.http import HttpRequest, HttpResponse
 
 from . import fastpath
-from .fingerprint import fingerprint, key_is_valid, key_of
+from .fingerprint import fingerprint, key_is_valid, request_key
 from .responses import replay
 
 MUTATING = frozenset({"POST", "PUT", "PATCH", "DELETE"})
@@ -63,7 +63,7 @@ class ReplayMiddleware:
     def begin(request: HttpRequest) -> fastpath.FastPath | None:
         if request.method not in MUTATING or not settings.REDIS_URL:
             return None
-        key = key_of(request.headers.get("Idempotency-Key"))
+        key = request_key(request.headers)
         credential = fastpath.credential_digest(request.headers.get("Authorization"))
         if not key or not credential or not key_is_valid(key):
             return None

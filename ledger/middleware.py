@@ -27,7 +27,7 @@ from django.http import Http404, HttpRequest, HttpResponse, UnreadablePostError
 from django.urls import Resolver404, resolve
 
 from idempotency import metrics as idempotency_metrics
-from idempotency.fingerprint import key_of
+from idempotency.fingerprint import request_key
 
 from . import metrics
 from .logging import key_digest
@@ -111,9 +111,7 @@ class RequestLogMiddleware:
                 "status": response.status_code,
                 "duration_ms": round(duration * 1000, 1),
                 "user_id": user_id_of(request),
-                "idempotency_key_sha256": key_digest(
-                    key_of(request.headers.get("Idempotency-Key"))
-                ),
+                "idempotency_key_sha256": key_digest(request_key(request.headers)),
                 "idempotency_outcome": outcomes[-1] if outcomes else None,
             },
         )
