@@ -59,14 +59,16 @@ def order_releaser(releaser: OrderReleaser) -> OrderReleaser:
     return releaser
 
 
-# What apps above this one do when `order_cancel` has cancelled an order, in its
-# transaction, the order still locked: the payments app has the order's open
-# provider charge cancelled once it commits.
-_cancel_listeners: list[OrderReleaser] = []
+# What apps above this one do when orders have been cancelled (by `order_cancel`, or
+# by the expiry of unpaid ones), in the transaction that cancelled them, the orders
+# still locked: the payments app has their open provider charges cancelled once it
+# commits. A listener gets the ids of every order the transaction cancelled.
+OrderCancelListener = Callable[[list[int]], None]
+_cancel_listeners: list[OrderCancelListener] = []
 
 
-def order_cancel_listener(listener: OrderReleaser) -> OrderReleaser:
-    """Register `listener(order_id)`, run when `order_cancel` cancelled an order."""
+def order_cancel_listener(listener: OrderCancelListener) -> OrderCancelListener:
+    """Register `listener(order_ids)`, run when orders have been cancelled."""
     if listener not in _cancel_listeners:
         _cancel_listeners.append(listener)
     return listener
@@ -282,7 +284,7 @@ def order_cancel(*, order_id: int) -> Order:
         lines = list(OrderItem.objects.filter(order_id=order.pk).order_by("pk"))
         _give_back(lines)
         for listener in _cancel_listeners:
-            listener(order.pk)
+            listener([order.pk])
     order._prefetched_objects_cache = {"items": _known_items(order, lines)}  # type: ignore[attr-defined]
     return order
 
@@ -415,7 +417,10 @@ def order_cancel_expired(*, older_than_seconds: int, batch: int = 500) -> int:
     by the payments app. Running twice cancels and gives back nothing the second
     time. An authorized order expires with its hold instead (the payments app's hold
     expiry voids the hold, then cancels the order through `order_cancel`), so this
-    never cancels an order that still holds money. Returns how many were cancelled.
+    never cancels an order that still holds money. The cancel listeners run for each
+    batch, as for `order_cancel`: an order that expired with its provider payment open
+    has the charge cancelled, so its pay page no longer takes money. Returns how many
+    were cancelled.
     """
     cutoff = timezone.now() - timedelta(seconds=older_than_seconds)
     cancelled = 0
@@ -440,6 +445,8 @@ def order_cancel_expired(*, older_than_seconds: int, batch: int = 500) -> int:
                 status=Order.Status.CANCELLED, updated_at=timezone.now()
             )
             _give_back(list(OrderItem.objects.filter(order_id__in=locked)))
+            for listener in _cancel_listeners:
+                listener(locked)
         cancelled += len(locked)
 
 

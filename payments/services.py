@@ -331,21 +331,23 @@ def payments_hold_expired(*, limit: int = 500) -> list[int]:
     )
 
 
-def _pending_provider_payments(order_id: int) -> QuerySet[Payment]:
+def _pending_provider_payments(*order_ids: int) -> QuerySet[Payment]:
     return Payment.objects.filter(
-        order_id=order_id,
+        order_id__in=order_ids,
         method=Payment.Method.PROVIDER,
         status=Payment.Status.PENDING,
     )
 
 
-def payment_cancel_open_charges_later(order_id: int) -> None:
-    """Run when an order was cancelled (`orders.services.order_cancel_listener`): a
+def payment_cancel_open_charges_later(order_ids: list[int]) -> None:
+    """Run when orders were cancelled (`orders.services.order_cancel_listener`): a
     provider payment still open is cancelled at the provider once the cancel
     commits, so the payer can no longer pay a cancelled order on the pay page
     (the money would come, and go back as a refund). Whoever cancelled it: the
-    caller, staff, or the expiry of an unpaid order or of its hold."""
-    if _pending_provider_payments(order_id).exists():
+    caller, staff, or the expiry of an unpaid order or of its hold. One query for
+    however many orders a batch of the expiry cancelled."""
+    open_ = _pending_provider_payments(*order_ids).values_list("order_id", flat=True)
+    for order_id in sorted(set(open_)):
         enqueue_on_commit(CANCEL_OPEN_CHARGES, order_id)
 
 

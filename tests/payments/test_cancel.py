@@ -26,7 +26,7 @@ from payments.models import Payment, ProviderEvent, Refund
 from payments.provider.models import Charge, Notification
 from payments.provider.services import notification_deliver
 from payments.services import payment_redrive, provider_event_process
-from payments.tasks import payment_cancel_open_charges_task
+from payments.tasks import cancel_expired_orders, payment_cancel_open_charges_task
 from tests.conftest import run_in_threads
 from tests.helpers import (
     balance,
@@ -171,6 +171,39 @@ def test_cancelling_the_order_cancels_its_open_provider_charge(worker, provider)
     assert Charge.objects.get().status == Charge.Status.CANCELLED
     refused = tab.confirm()
     assert refused.status_code == 409, refused.text
+    assert not Notification.objects.exists() and not Refund.objects.exists()
+    assert balance(wallet) == 5000
+    report = ledger_report()
+    assert report["ok"], report
+
+
+def test_an_order_expiring_unpaid_cancels_its_open_provider_charge(worker, provider):
+    """Beat's expiry of unpaid orders cancels them in batches, not through
+    `order_cancel`; their open charges are cancelled all the same, so a pay page
+    left in a tab cannot take money for an order that has expired (that money would
+    only come back as a refund). Run twice, the expiry cancels nothing more."""
+    user, api, wallet = customer("gus", balance=5000)
+    expiring, fresh = place_order(user, amount=2100), place_order(user, amount=2200)
+    started = {o.pk: provider_pending(api, o) for o in (expiring, fresh)}
+    tab = PayPage(started[expiring.pk]["pay_url"])
+    Order.objects.filter(pk=expiring.pk).update(
+        created_at=timezone.now() - timedelta(days=2)
+    )
+    assert cancel_expired_orders() == 1
+    assert cancel_expired_orders() == 0
+    wait_for(
+        lambda: (
+            Payment.objects.get(pk=started[expiring.pk]["id"]).status == "cancelled"
+        ),
+        what="the expired order's provider payment to be cancelled",
+    )
+    charges = dict(Charge.objects.values_list("merchant_order_no", "status"))
+    assert charges == {
+        expiring.merchant_order_no: Charge.Status.CANCELLED,
+        fresh.merchant_order_no: Charge.Status.PENDING,
+    }
+    assert tab.confirm().status_code == 409
+    assert Payment.objects.get(pk=started[fresh.pk]["id"]).status == "pending"
     assert not Notification.objects.exists() and not Refund.objects.exists()
     assert balance(wallet) == 5000
     report = ledger_report()
