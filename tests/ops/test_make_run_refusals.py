@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from ledger.management.commands.serve import check_port_free
 from tests.ops.test_make_run import clean_path
 from tests.servers import ROOT, free_port
 
@@ -37,6 +38,22 @@ def refused(output: str, words: str) -> None:
     lines = [line for line in output.splitlines() if "CommandError" in line]
     assert len(lines) == 1 and words in lines[0], output[-3000:]
     assert "Traceback" not in output, output[-3000:]
+
+
+def test_a_port_left_in_time_wait_by_the_last_run_is_free() -> None:
+    """Ctrl-C, then `make run` again at once: the keep-alive connections the last
+    run closed leave the port in TIME_WAIT for a minute; gunicorn binds it anyway,
+    and so must the check before it."""
+    with socket.socket() as listener:
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as gunicorn
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        port = listener.getsockname()[1]
+        browser = socket.create_connection(("127.0.0.1", port))
+        served, _ = listener.accept()
+        served.close()  # the server closes first: its side waits in TIME_WAIT
+        browser.close()
+    check_port_free(port)
 
 
 def test_a_port_in_use(tmp_path: Path) -> None:

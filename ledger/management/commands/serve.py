@@ -79,9 +79,14 @@ def port_number(value: str) -> int:
 
 
 def check_port_free(port: int) -> None:
+    """Refuse a port something listens on. Bound as gunicorn binds (`SO_REUSEADDR`):
+    connections the previous run closed linger on the port in TIME_WAIT for a minute
+    after Ctrl-C, and they do not stop gunicorn, so they must not stop this either."""
     with socket.socket() as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             probe.bind(("127.0.0.1", port))
+            probe.listen()
         except OSError as exc:
             raise CommandError(
                 f"port {port} is in use ({exc.strerror}): stop what serves it, or run "
