@@ -15,6 +15,15 @@ from .currencies import SUPPORTED_CURRENCIES, currency_supported
 MAX_AMOUNT = 10**15
 
 
+def storable(text: str) -> bool:
+    """Can PostgreSQL text hold it (no NUL, no lone surrogate)?"""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return "\x00" not in text
+
+
 class StrictIntegerField(serializers.IntegerField):
     default_error_messages = {"invalid": "A JSON integer is required."}
 

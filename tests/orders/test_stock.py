@@ -268,6 +268,10 @@ def test_create_product_is_idempotent_and_tops_up():
         ["X", "--name", "x", "--price", "5", "--stock", "99999999999999999999"],
         ["X", "--name", "x", "--price", "5", "--currency", "ZZZ"],
         ["X" * 65, "--name", "x", "--price", "5"],
+        ["X", "--name", "n" * 256, "--price", "5"],  # PostgreSQL refused it: a 500
+        ["X", "--name", "", "--price", "5"],
+        ["X", "--name", "   ", "--price", "5"],
+        ["X", "--name", "a\x00b", "--price", "5"],
     ],
 )
 def test_create_product_refuses_bad_input(args):

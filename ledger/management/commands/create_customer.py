@@ -6,17 +6,8 @@ from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError
 from django.db import transaction
 
-from ledger.fields import MAX_AMOUNT
+from ledger.fields import MAX_AMOUNT, storable
 from ledger.services import customer_get_or_create, wallet_top_up
-
-
-def storable(text: str) -> bool:
-    """Can PostgreSQL text hold it (no NUL, no lone surrogate)?"""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return "\x00" not in text
 
 
 class Command(BaseCommand):

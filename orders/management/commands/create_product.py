@@ -1,12 +1,25 @@
 import json
 
 from django.conf import settings
+from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError
 from django.db import transaction
 
+from ledger.fields import storable
 from orders.fields import MAX_AMOUNT, MAX_STOCK_MOVE
-from orders.models import SKU_MAX_LENGTH
+from orders.models import SKU_MAX_LENGTH, Product
 from orders.services import product_get_or_create, stock_top_up
+
+
+def check_name(name: str) -> None:
+    """A name the shop can show: what the product's field takes (1 to 255
+    characters), and text the database can hold."""
+    try:
+        Product._meta.get_field("name").clean(name, None)
+    except ValidationError as refused:
+        raise CommandError(f"--name: {' '.join(refused.messages)}") from None
+    if not storable(name) or not name.strip():
+        raise CommandError("--name is printable text: no NUL, not only spaces")
 
 
 class Command(BaseCommand):
@@ -34,6 +47,7 @@ class Command(BaseCommand):
     ) -> None:
         if not sku or len(sku) > SKU_MAX_LENGTH or not sku.isprintable():
             raise CommandError(f"a SKU is 1 to {SKU_MAX_LENGTH} printable characters")
+        check_name(name)
         if not 0 < price <= MAX_AMOUNT:
             raise CommandError("--price is a positive number of minor units")
         if stock is not None and not 0 <= stock <= MAX_STOCK_MOVE:
