@@ -157,7 +157,8 @@ class TransferItemSerializer(StrictNestedSerializer):
 
     to = StrictCharField(max_length=150)
     amount = StrictIntegerField(min_value=-MAX_AMOUNT, max_value=MAX_AMOUNT)
-    currency = CurrencyField()
+    # Left out: the ledger's default currency, as everywhere money is given.
+    currency = CurrencyField(default=lambda: settings.LEDGER_DEFAULT_CURRENCY)
     description = StrictCharField(
         required=False, allow_blank=True, max_length=255, default=""
     )

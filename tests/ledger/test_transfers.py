@@ -81,6 +81,24 @@ def test_a_transfer_debits_the_sender_and_credits_the_recipient_once(alice, bob)
     assert ledger_report()["ok"]
 
 
+def test_a_transfer_without_a_currency_is_in_the_default_one(alice, bob):
+    """Money is minor units plus a currency, CNY (the setting) when left out: in
+    a transfer as in an order; in a batch, item by item."""
+    _, client, wallet = alice
+    _, _, bob_wallet = bob
+    single = send(client, {"to": "bob", "amount": 100})
+    assert single.status_code == 201, single.content
+    assert single.json()["currency"] == "CNY"
+    batch = send(
+        client,
+        {"transfers": [{"to": "bob", "amount": 10}, {**ITEM, "amount": 20}]},
+    )
+    assert batch.status_code == 201, batch.content
+    assert [t["currency"] for t in batch.json()["transfers"]] == ["CNY", "CNY"]
+    assert (balance(wallet), balance(bob_wallet)) == (9870, 130)
+    assert ledger_report()["ok"]
+
+
 def test_a_retry_with_the_same_key_replays(alice, bob):
     _, client, wallet = alice
     key = new_key()
@@ -249,7 +267,7 @@ ITEM: dict = {"to": "bob", "amount": 1, "currency": "CNY"}
         {},
         {"amount": 1, "currency": "CNY"},
         {"to": "bob", "currency": "CNY"},
-        {"to": "bob", "amount": 1},
+        {"to": "bob", "amount": 1, "currency": None},
         {"to": "bob", "amount": 10**30, "currency": "CNY"},
         {"to": "bob", "amount": -(10**30), "currency": "CNY"},
         {"to": "bob", "amount": "1", "currency": "CNY"},
