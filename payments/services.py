@@ -579,12 +579,16 @@ def payment_settle(*, payment_id: int, provider_txn_id: str) -> Payment:
     return payment
 
 
-def _close_pending(payment_id: int, edge: str) -> Payment:
+def _close_pending(
+    payment_id: int, edge: str, recorded_txn_id: str | None = None
+) -> Payment:
     """Take `edge` out of `pending` under the locks; anything else stays (the
-    save is conditional on the status read: ConcurrentTransitionMixin)."""
+    save is conditional on the status read: ConcurrentTransitionMixin). Given
+    `recorded_txn_id`, only a payment whose provider transaction is still that one."""
     with transaction.atomic(savepoint=False):
         _, payment = _lock(payment_id)
-        if payment.status == Payment.Status.PENDING:
+        unchanged = recorded_txn_id in (None, payment.provider_txn_id)
+        if payment.status == Payment.Status.PENDING and unchanged:
             getattr(payment, edge)()
             payment.save()
     return payment
@@ -595,10 +599,12 @@ def payment_fail(*, payment_id: int) -> Payment:
     return _close_pending(payment_id, "fail")
 
 
-def payment_cancel(*, payment_id: int) -> Payment:
+def payment_cancel(*, payment_id: int, recorded_txn_id: str | None = None) -> Payment:
     """Mark a pending provider payment cancelled (its charge was cancelled at the
-    provider, or never reached it); anything else stays."""
-    return _close_pending(payment_id, "cancel")
+    provider, or never reached it); anything else stays. With `recorded_txn_id`
+    (the transaction it had when the provider was asked), one that has recorded
+    another since stays pending: that charge was not the one cancelled."""
+    return _close_pending(payment_id, "cancel", recorded_txn_id)
 
 
 def payment_cancel_open_charges(*, order_id: int) -> list[Payment]:
@@ -627,6 +633,11 @@ def payment_cancel_open_charges(*, order_id: int) -> list[Payment]:
     )
     if not payments:
         return []
+    # The transactions recorded before the provider's answer: a pay request that stood
+    # between its steps may open and record its charge after the provider answered
+    # "no charge" and before our marks below (it then finds its payment still
+    # pending, and sends no cancel of its own).
+    recorded = {p.pk: p.provider_txn_id for p in payments}
     try:
         charge = provider_charge_cancel(merchant_order_no=order.merchant_order_no)
     except ProviderRefused:
@@ -638,11 +649,16 @@ def payment_cancel_open_charges(*, order_id: int) -> list[Payment]:
         if charge.amount != latest.amount:  # pragma: no cover - the provider dedupes
             return []
         return [payment_settle(payment_id=latest.pk, provider_txn_id=charge.txn_id)]
-    return [
-        payment_cancel(payment_id=p.pk)
+    closed = [
+        payment_cancel(payment_id=p.pk, recorded_txn_id=recorded[p.pk])
         for p in payments
         if p.status == Payment.Status.PENDING
     ]
+    if any(p.status == Payment.Status.PENDING for p in closed):
+        # A charge was recorded meanwhile: it exists at the provider now, and the
+        # next round cancels it (a transaction, once recorded, never changes).
+        return payment_cancel_open_charges(order_id=order_id)
+    return closed
 
 
 def shipment_create(*, order_id: int) -> Shipment | None:

@@ -21,6 +21,7 @@ from ledger.invariants import ledger_report
 from ledger.services import external_account, merchant_account
 from orders.models import Order
 from orders.services import order_cancel
+from payments import services
 from payments.exceptions import ProviderUnavailable
 from payments.models import Payment, ProviderEvent, Refund
 from payments.provider.models import Charge, Notification
@@ -323,6 +324,50 @@ def test_a_charge_opened_after_the_cancel_is_cancelled_too(provider, settings):
     assert Charge.objects.get().status == Charge.Status.CANCELLED
     assert CANCELLED_NOTE in httpx.get(resumed.json()["pay_url"]).text
     assert_paid_once_from_the_balance(order, wallet, 5000)
+
+
+def test_a_charge_opened_while_the_cancel_asks_the_provider_is_cancelled_too(
+    provider, monkeypatch
+):
+    """The pay request committed its pending payment, then stood; the order is
+    cancelled, and its cancel task asks the provider: no charge yet. Before the
+    task marks the payment, the pay request opens its charge and records it on the
+    payment, still pending then, so it sends no cancel of its own. The task must not
+    mark cancelled a payment whose charge it never cancelled: it cancels that
+    charge too."""
+    user, _, wallet = customer("hal", balance=5000)
+    order = place_order(user, amount=1300)
+    payment = services.payment_provider_start(order_id=order.pk)
+    order_cancel(order_id=order.pk)
+    asked = services.provider_charge_cancel
+
+    def pay_request_goes_on_meanwhile(**kwargs):
+        answer = asked(**kwargs)
+        if Charge.objects.exists():
+            return answer
+        assert answer is None  # no charge yet
+        charge = services.provider_charge_create(
+            merchant_order_no=order.merchant_order_no,
+            amount=order.amount,
+            currency=order.currency,
+        )
+        services.payment_record_charge(
+            payment_id=payment.pk, provider_txn_id=charge.txn_id, pay_url=charge.pay_url
+        )
+        return answer
+
+    monkeypatch.setattr(
+        services, "provider_charge_cancel", pay_request_goes_on_meanwhile
+    )
+    assert payment_cancel_open_charges_task(order.pk) == 1
+    payment.refresh_from_db()
+    assert payment.status == Payment.Status.CANCELLED and payment.provider_txn_id
+    assert Charge.objects.get().status == Charge.Status.CANCELLED
+    assert CANCELLED_NOTE in httpx.get(payment.pay_url).text
+    assert payment_cancel_open_charges_task(order.pk) == 0
+    assert balance(wallet) == 5000
+    report = ledger_report()
+    assert report["ok"], report
 
 
 def test_the_redrive_cancels_the_charge_of_an_order_that_no_longer_takes_money(
