@@ -22,6 +22,7 @@ separately. A single Redis keeps the one-trip scripts.
 import contextlib
 import hashlib
 import logging
+import os
 import secrets
 import time
 from dataclasses import dataclass
@@ -29,6 +30,7 @@ from functools import cache
 from typing import Any
 
 import redis as redis_lib
+from django.db import DatabaseError, connection
 from redis.commands.core import Script
 from redis.exceptions import RedisClusterException
 
@@ -78,14 +80,15 @@ return 1
 """
 
 # A single Redis: the scope read and `_BEGIN` in one round trip. KEYS: credential.
-# ARGV: key digest, token, lease ms, revoked mark. Returns {0} (unknown or revoked
-# caller) or `_BEGIN`'s answer with the caller's scope appended: {1, cached, scope} |
-# {2, scope} | {3, scope}. It names keys after the value it read (see `_names`),
-# which a Redis Cluster refuses: there `begin_for_credential` makes two round trips.
+# ARGV: key digest, token, lease ms, revoked mark, the names' prefix. Returns {0}
+# (unknown or revoked caller) or `_BEGIN`'s answer with the caller's scope appended:
+# {1, cached, scope} | {2, scope} | {3, scope}. It names keys after the value it
+# read (see `_names`), which a Redis Cluster refuses: there `begin_for_credential`
+# makes two round trips.
 _BEGIN_FOR_CREDENTIAL = """
 local scope = redis.call('GET', KEYS[1])
 if not scope or scope == ARGV[4] then return {0} end
-local tag = 'idem:{' .. ARGV[1] .. ':' .. scope .. '}:'
+local tag = ARGV[5] .. '{' .. ARGV[1] .. ':' .. scope .. '}:'
 local cached = redis.call('GET', tag .. 'resp')
 if cached then return {1, cached, scope} end
 if redis.call('SET', tag .. 'lock', ARGV[2], 'NX', 'PX', ARGV[3]) then
@@ -100,7 +103,39 @@ CREDENTIAL_MS = 60_000
 # What a revoked credential's entry holds instead of a scope (no scope looks like it),
 # and for how long: longer than any request the token sent before it was revoked.
 REVOKED, REVOKED_MS = "revoked", 86_400_000
-CREDENTIAL_PREFIX = "idem:cred:"
+
+
+@cache
+def _database_tag() -> str:
+    """A short digest of which database this process keeps its keys in.
+
+    What Redis holds speaks for that database only: a Redis that outlives it (the
+    database dropped and created again, restored from a dump into a new one, or
+    another deployment's pointed at the same Redis) must not replay its responses
+    for effects the database in use never had. Every name below starts with this
+    tag, so such entries are simply never found, and expire. On PostgreSQL it is
+    the cluster's system identifier and the database's oid, both new for a new
+    database; a SQLite file, its device and inode. (A physical copy of a
+    PostgreSQL cluster, a replica promoted or a point-in-time recovery, keeps both:
+    after one, empty Redis, README "Redis".) Asked once per process.
+    """
+    facts = [connection.vendor, str(connection.settings_dict["NAME"])]
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT (SELECT system_identifier FROM pg_control_system()), oid "
+                "FROM pg_database WHERE datname = current_database()"
+            )
+            facts += [str(fact) for fact in cursor.fetchone()]
+    else:
+        with contextlib.suppress(OSError, TypeError):
+            file = os.stat(connection.settings_dict["NAME"])
+            facts += [str(file.st_dev), str(file.st_ino)]
+    return hashlib.sha256("|".join(facts).encode()).hexdigest()[:12]
+
+
+def _prefix() -> str:
+    return f"idem:{_database_tag()}:"
 
 
 @dataclass
@@ -149,12 +184,13 @@ def _key_hash(key: str) -> str:
 
 
 def _names(scope: str, key: str) -> tuple[str, str, str]:
-    """The key's lock, cached response and finish channel: `idem:{<digest>:<scope>}:`
-    then `lock`, `resp`, `done`. The part in braces is the hash tag a Redis Cluster
-    places them by, so one script may touch them together. It is never empty (the
-    digest is hex; a brace in the scope only shortens it), and the same for the
-    three, which share everything up to the closing brace."""
-    tag = f"idem:{{{_key_hash(key)}:{scope}}}:"
+    """The key's lock, cached response and finish channel:
+    `idem:<database>:{<digest>:<scope>}:` then `lock`, `resp`, `done`. The part in
+    braces is the hash tag a Redis Cluster places them by, so one script may touch
+    them together. It is never empty (the digest is hex; a brace in the scope only
+    shortens it), and the same for the three, which share everything up to the
+    closing brace."""
+    tag = f"{_prefix()}{{{_key_hash(key)}:{scope}}}:"
     return f"{tag}lock", f"{tag}resp", f"{tag}done"
 
 
@@ -187,7 +223,7 @@ def credential_digest(authorization: str | None) -> str:
 
 
 def _credential_key(credential: str) -> str:
-    return f"{CREDENTIAL_PREFIX}{credential}"
+    return f"{_prefix()}cred:{credential}"
 
 
 def begin(scope: str, key: str, lease_ms: int) -> FastPath:
@@ -237,9 +273,11 @@ def begin_for_credential(credential: str, key: str, lease_ms: int) -> FastPath |
         token = secrets.token_hex(8)
         reply: Any = _scripts(client).begin_for_credential(
             keys=[_credential_key(credential)],
-            args=[_key_hash(key), token, lease_ms, REVOKED],
+            args=[_key_hash(key), token, lease_ms, REVOKED, _prefix()],
         )
     except redis_lib.RedisError:
+        return None
+    except DatabaseError:  # (asked for `_database_tag`) the engine's path decides
         return None
     if reply[0] == 0:
         return None

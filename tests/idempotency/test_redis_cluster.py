@@ -24,7 +24,12 @@ from rest_framework.authtoken.models import Token
 
 import idempotency.metrics  # noqa: F401  (registers the counters before we read them)
 from idempotency import fastpath
-from idempotency.fastpath import REVOKED, _names, credential_digest
+from idempotency.fastpath import (
+    REVOKED,
+    _credential_key,
+    _names,
+    credential_digest,
+)
 from idempotency.redis import Cluster, get_redis
 from tests.conftest import Background, run_in_threads
 from tests.helpers import assert_problem, key_taken
@@ -94,7 +99,7 @@ def scope_of(customer) -> str:
 
 
 def credential_of(customer) -> bytes:
-    return f"idem:cred:{credential_digest(f'Token {customer.token}')}".encode()
+    return _credential_key(credential_digest(f"Token {customer.token}")).encode()
 
 
 def in_redis(name: str | bytes) -> Any:
