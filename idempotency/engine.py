@@ -145,17 +145,24 @@ def execute(
     except IdempotencyKeyInFlight:
         if wait <= 0:
             raise
-    waiting.until_finished(call, wait)
-    # Now a replay, or a run of our own if the first one freed the key (a 5xx), or,
-    # still in flight at the deadline, the 409 after all: each says it waited.
+    deadline = time.monotonic() + wait
     applied = {PREFERENCE_APPLIED: f"wait={wait}"}
-    try:
-        response = _walk(call, run, phased=phased, taken=None)
-    except IdempotencyKeyInFlight as busy:
-        busy.headers = {**busy.headers, **applied}
-        raise
-    response[PREFERENCE_APPLIED] = applied[PREFERENCE_APPLIED]
-    return response
+    while True:
+        waiting.until_finished(call, deadline - time.monotonic())
+        # Now a replay, or a run of our own if the first one freed the key (a 5xx),
+        # or, still in flight at the deadline, the 409 after all: each says it
+        # waited. In flight before the deadline (another waiter took the freed key
+        # over first, or held its lock for a moment): wait again.
+        try:
+            response = _walk(call, run, phased=phased, taken=None)
+        except IdempotencyKeyInFlight as busy:
+            if (left := deadline - time.monotonic()) > 0:
+                time.sleep(min(waiting.POLL_SECONDS, left))  # never a busy loop
+                continue
+            busy.headers = {**busy.headers, **applied}
+            raise
+        response[PREFERENCE_APPLIED] = applied[PREFERENCE_APPLIED]
+        return response
 
 
 def _walk(

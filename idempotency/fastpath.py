@@ -56,7 +56,9 @@ return {3}
 # lets `begin_for_credential` find this caller's scope; a revoked credential's mark is
 # never overwritten (the request may have been authenticated before the revocation).
 # Last, the finish is announced on the key's channel to anyone waiting (`Prefer:
-# wait`); with no subscriber that costs nothing. (On a cluster the credential, in
+# wait`); with no subscriber that costs nothing. Any holder's release announces, one
+# whose request found the key in flight too: a waiter takes it as "look again" and
+# checks the database (`waiting.until_finished`). (On a cluster the credential, in
 # another hash slot, is left to `_REMEMBER`, and every node relays the announcement.)
 _FINISH = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('DEL', KEYS[1]) end
@@ -326,7 +328,8 @@ def finish(
 
 def wait_for_finish(scope: str, key: str, seconds: float) -> bool:
     """Sleep until the request holding the key's Redis lock finishes (its `finish`
-    publishes on the key's channel) or `seconds` pass; True if Redis did the waiting.
+    publishes on the key's channel) or `seconds` pass; True if Redis did the waiting
+    (which says nothing of the key: the holder may have been a duplicate).
     False when there is no Redis, it fails, or it holds no lock for the key (lost, or
     never taken): the caller then waits on the database."""
     if seconds <= 0:

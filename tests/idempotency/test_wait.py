@@ -6,10 +6,14 @@ finishes; with Redis it is woken by A's finish (a notification), without Redis i
 waits on the database. Still in flight at the deadline: the 409 after all.
 """
 
+import threading
 import time
 
 import pytest
 
+from idempotency import records
+from idempotency.fastpath import _names
+from idempotency.redis import get_redis
 from idempotency.waiting import preferred_wait
 from tests.conftest import Background
 from tests.helpers import key_taken
@@ -121,6 +125,64 @@ def test_a_different_request_under_a_waited_key_is_still_422(store, alice, key):
     other = post(alice, "/test/deposits", {"amount": 6}, key, prefer="wait=5")
     assert other.status_code == 422
     assert first.outcome().status_code == 201
+    assert alice.deposits() == 1
+
+
+def test_waiters_behind_a_lost_redis_lock_wait_out_their_own_deadline(
+    needs_redis, settings, monkeypatch, alice, key
+):
+    """A (phased) runs; its Redis lock is lost; two waiters come at once. One of
+    them takes the free Redis lock, finds A's record in flight and lets the lock go,
+    which announces a finish on the key's channel: the other, woken, must look at
+    the database and keep waiting, not answer 409 at once. Each waits until A
+    finishes or its own deadline: the 10-second one gets A's answer, replayed; the
+    2-second one the 409 at its deadline. A runs once."""
+    settings.IDEMPOTENCY_LEASE_SECONDS = 30  # A's lease outlives the test
+    path = "/test/phased-deposits"
+    body = {"amount": 5, "sleep": 4}
+    first = Background(lambda: post(alice, path, body, key))
+    began = time.monotonic()
+    first.start()
+    key_taken(key)
+    # A moment of database work between a waiter's Redis lock and its claim (a busy
+    # server), so that the other waiter is subscribed by the time the lock goes.
+    claim = records.claim
+
+    def slow_claim(call):
+        time.sleep(0.3)
+        return claim(call)
+
+    monkeypatch.setattr(records, "claim", slow_claim)
+    time.sleep(max(0, began + 0.7 - time.monotonic()))
+    lock, _, _ = _names(f"user:{alice.user.pk}", key)
+    assert get_redis().delete(lock) == 1  # lost, or expired
+    together = threading.Barrier(2)
+    answers: dict[int, tuple[float, object]] = {}
+
+    def waiter(seconds: int):
+        together.wait(timeout=10)
+        start = time.monotonic()
+        answer = post(alice, path, body, key, prefer=f"wait={seconds}")
+        answers[seconds] = (time.monotonic() - start, answer)
+        return answer
+
+    short, long = Background(lambda: waiter(2)), Background(lambda: waiter(10))
+    short.start()
+    long.start()
+    a = first.outcome()
+    short.outcome(), long.outcome()
+    assert a.status_code == 201, a.content
+    waited, answer = answers[2]
+    assert answer.status_code == 409, (waited, answer.content)
+    assert answer.json()["code"] == "idempotency_key_in_flight"
+    assert answer["Preference-Applied"] == "wait=2"
+    assert waited >= 1.9, waited  # its whole deadline, though it was woken before
+    waited, answer = answers[10]
+    assert answer.status_code == 201, (waited, answer.content)
+    assert answer["Idempotent-Replayed"] == "true"
+    assert answer["Preference-Applied"] == "wait=10"
+    assert answer.content == a.content
+    assert waited < 8, waited  # woken when A finished (~3.5 s), not at its deadline
     assert alice.deposits() == 1
 
 
