@@ -14,6 +14,8 @@ from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 from django_fsm import ConcurrentTransitionMixin, FSMIntegerField, transition
 
+from ledger.fsm import ProtectedStateMixin
+
 MERCHANT_ORDER_NO_MAX_LENGTH = 32
 
 
@@ -67,7 +69,7 @@ REFUNDABLE_STATES = [OrderStatus.PAID, OrderStatus.SHIPPED, OrderStatus.COMPLETE
 CANCELLABLE_STATES = [OrderStatus.PENDING_PAYMENT, OrderStatus.AUTHORIZED]
 
 
-class Order(ConcurrentTransitionMixin, models.Model):
+class Order(ProtectedStateMixin, ConcurrentTransitionMixin, models.Model):
     """An order moves only forward through its integer states.
 
     The transitions below only declare the legal edges; `orders.services` saves them,

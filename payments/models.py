@@ -17,11 +17,12 @@ from django.db.models.functions import Now
 from django.utils.translation import gettext_lazy as _
 from django_fsm import ConcurrentTransitionMixin, FSMField, transition
 
+from ledger.fsm import ProtectedStateMixin
 from ledger.models import Hold, JournalEntry
 from orders.models import Order
 
 
-class Payment(ConcurrentTransitionMixin, models.Model):
+class Payment(ProtectedStateMixin, ConcurrentTransitionMixin, models.Model):
     class Status(models.TextChoices):
         PENDING = "pending", _("Pending")
         SUCCEEDED = "succeeded", _("Succeeded")

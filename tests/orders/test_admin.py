@@ -255,3 +255,61 @@ def test_an_order_page_shows_its_items_and_its_payments(staff):
     page = staff.get(f"/admin/orders/order/{order.pk}/change/").content.decode()
     assert "TEA-9" in page and "order items" in page.lower()
     assert "payments" in page.lower()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_cancels_pressed_at_once_on_paid_orders_each_say_not_changed(
+    admin_user, on_postgres
+):
+    """Eight staff press Cancel on the same twenty paid orders at the same instant:
+    every refusal re-reads the order's status in a thread of one process, as the
+    server's threads do. Each press answers its page, saying each order was not
+    changed, and goes through the whole selection (it was a 500: django-fsm switched
+    the status field's protection off and on for everyone at once)."""
+    from django.test import Client
+
+    from tests.backoffice import messages_of
+    from tests.conftest import run_in_threads
+
+    user, _, _ = customer("alice", balance=100_000)
+    orders = [place_order(user) for _ in range(20)]
+    for order in orders:
+        payment_pay_with_balance(order_id=order.pk)
+    ids = [order.pk for order in orders]
+
+    def press(i: int):
+        client = Client(raise_request_exception=False)
+        client.force_login(admin_user)
+        return client.post(
+            "/admin/orders/order/",
+            {"action": "cancel", "_selected_action": ids},
+            follow=True,
+        )
+
+    pages = run_in_threads(8, press)
+    assert [getattr(p, "status_code", p) for p in pages] == [200] * 8
+    for page in pages:
+        said = messages_of(page)
+        refused = [m for m in said if m.endswith("Not changed.")]
+        assert len(refused) == 20, said
+    statuses = set(Order.objects.filter(pk__in=ids).values_list("status", flat=True))
+    assert statuses == {Order.Status.PAID}
+
+
+def test_a_refreshed_order_reads_its_new_status_and_stays_protected():
+    user, _, _ = customer("alice", balance=10_000)
+    order = place_order(user)
+    seen = Order.objects.get(pk=order.pk)
+    payment_pay_with_balance(order_id=order.pk)
+    seen.refresh_from_db()
+    assert seen.status == Order.Status.PAID
+    deferred = Order.objects.defer("status").get(pk=order.pk)
+    assert deferred.status == Order.Status.PAID  # a deferred status loads too
+    for refreshed in (seen, deferred):
+        with pytest.raises(AttributeError, match="Direct status modification"):
+            refreshed.status = Order.Status.CANCELLED
+    gone = place_order(user)
+    Order.objects.filter(pk=gone.pk).delete()
+    with pytest.raises(Order.DoesNotExist):
+        gone.refresh_from_db()
+    assert gone.status == Order.Status.PENDING_PAYMENT  # what it held: the row is gone
