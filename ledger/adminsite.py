@@ -10,8 +10,15 @@ of one value, a number past 64 bits on SQLite, a text lookup on a binary column.
 Every list on this site answers those as Django answers any bad filter, and logs
 them with their traceback, so that a real fault behind a filter is still seen. A
 list whose address carries no parameter has nothing to refuse: its failures stay
-500s. The site puts this on every admin registered on it, Django's and other
-apps' too (users, tokens, beat's schedules).
+500s.
+
+Every action on the site needs a permission: one that names none (beat's enable,
+disable and run, say) needs the right to change the model, so that staff who may
+only look are offered nothing that changes anything (the project's own actions name
+theirs: `@admin.action(permissions=[...])`).
+
+The site puts these on every admin registered on it, Django's and other apps' too
+(users, tokens, beat's schedules).
 """
 
 import logging
@@ -48,14 +55,34 @@ class FilterRefusingAdmin(admin.ModelAdmin):
             raise IncorrectLookupParameters(error) from error
 
 
-def refusing_filters(admin_class: type[admin.ModelAdmin]) -> type[admin.ModelAdmin]:
-    """`admin_class`, or a subclass of it that is a `FilterRefusingAdmin` (made as
-    Django's own `register` makes a subclass for options it is given)."""
-    if issubclass(admin_class, FilterRefusingAdmin):
+class PermittedActionsAdmin(admin.ModelAdmin):
+    """A ModelAdmin whose actions each need a permission (see the module doc)."""
+
+    def get_actions(self, request: HttpRequest) -> dict[str, Any]:
+        # Django lets an action that names no permission run for anyone who may see
+        # the list. The changelist offers, and runs, only what this returns.
+        actions = super().get_actions(request)
+        if self.has_change_permission(request):
+            return actions
+        return {
+            name: action
+            for name, action in actions.items()
+            if action and getattr(action[0], "allowed_permissions", None)
+        }
+
+
+class SiteAdmin(FilterRefusingAdmin, PermittedActionsAdmin):
+    """What the site puts on every admin registered on it."""
+
+
+def for_the_site(admin_class: type[admin.ModelAdmin]) -> type[admin.ModelAdmin]:
+    """`admin_class`, or a subclass of it that is a `SiteAdmin` (made as Django's
+    own `register` makes a subclass for options it is given)."""
+    if issubclass(admin_class, SiteAdmin):
         return admin_class
     return type(
         admin_class.__name__,
-        (FilterRefusingAdmin, admin_class),
+        (SiteAdmin, admin_class),
         {"__module__": admin_class.__module__},
     )
 
@@ -64,5 +91,5 @@ class AdminSite(admin.AdminSite):
     def register(
         self, model_or_iterable: Any, admin_class: Any = None, **options: Any
     ) -> None:
-        admin_class = refusing_filters(admin_class or admin.ModelAdmin)
+        admin_class = for_the_site(admin_class or admin.ModelAdmin)
         super().register(model_or_iterable, admin_class, **options)

@@ -138,15 +138,28 @@ class OrderAdmin(admin.ModelAdmin):
                 messages.SUCCESS,
             )
 
-    @admin.action(description=_("Cancel (only unpaid orders)"))
+    # Who may press what: each action changes the order (a cancel of an authorized
+    # one releases its hold), so it needs "change order", which the page's Save,
+    # refused to everyone above, does not grant. Staff who may only look at orders
+    # are offered none of them, and a POST of one finds no such action.
+    def has_transition_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm("orders.change_order")
+
+    has_cancel_permission = has_transition_permission
+    has_ship_permission = has_transition_permission
+    has_complete_permission = has_transition_permission
+
+    @admin.action(description=_("Cancel (only unpaid orders)"), permissions=["cancel"])
     def cancel(self, request: HttpRequest, queryset: QuerySet) -> None:
         self._transition(request, queryset, services.order_cancel, "cancel")
 
-    @admin.action(description=_("Mark shipped (paid orders)"))
+    @admin.action(description=_("Mark shipped (paid orders)"), permissions=["ship"])
     def ship(self, request: HttpRequest, queryset: QuerySet) -> None:
         self._transition(request, queryset, services.order_ship, "ship")
 
-    @admin.action(description=_("Mark completed (shipped orders)"))
+    @admin.action(
+        description=_("Mark completed (shipped orders)"), permissions=["complete"]
+    )
     def complete(self, request: HttpRequest, queryset: QuerySet) -> None:
         self._transition(request, queryset, services.order_complete, "complete")
 

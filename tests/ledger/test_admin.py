@@ -451,3 +451,23 @@ def test_a_close_of_busy_accounts_stops_in_time_and_names_the_rest(
     assert str(wallets[2]) in left and str(wallets[0]) not in left
     statuses = Account.objects.filter(pk__in=selected).values_list("status", flat=True)
     assert set(statuses) == {Account.Status.ACTIVE}  # the third one left as it was
+
+
+def test_staff_who_may_only_look_are_offered_no_action_anywhere(rf):
+    """Every action of every admin on the site (the project's, Django's, beat's)
+    needs a permission that staff who may only look at everything lack."""
+    from django.contrib import admin
+    from django.contrib.auth import get_user_model
+    from django.contrib.auth.models import Permission
+
+    looker = get_user_model().objects.create_user("looker", is_staff=True)
+    looker.user_permissions.set(Permission.objects.filter(codename__startswith="view_"))
+    request = rf.get("/admin/")
+    request.user = get_user_model().objects.get(pk=looker.pk)
+    offered = {
+        str(model._meta): sorted(model_admin.get_actions(request))
+        for model, model_admin in admin.site._registry.items()
+        if model_admin.has_view_permission(request)
+    }
+    assert "orders.order" in offered and "django_celery_beat.periodictask" in offered
+    assert {model: names for model, names in offered.items() if names} == {}

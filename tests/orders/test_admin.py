@@ -3,6 +3,7 @@ import uuid
 import pytest
 
 from orders.models import Order
+from orders.services import order_ship
 from payments.services import payment_pay_with_balance
 from tests.helpers import customer, place_order
 
@@ -313,3 +314,42 @@ def test_a_refreshed_order_reads_its_new_status_and_stays_protected():
     with pytest.raises(Order.DoesNotExist):
         gone.refresh_from_db()
     assert gone.status == Order.Status.PENDING_PAYMENT  # what it held: the row is gone
+
+
+def test_staff_who_may_only_look_at_orders_can_press_nothing(client):
+    """Cancel, ship and complete change the order (a cancel of an authorized one
+    releases its hold): staff with only "view order" are offered none of them, and
+    posting one changes nothing."""
+    from django.contrib.auth import get_user_model
+    from django.contrib.auth.models import Permission
+
+    user, _, _ = customer("alice", balance=10_000)
+    pending, paid, shipped = place_order(user), place_order(user), place_order(user)
+    payment_pay_with_balance(order_id=paid.pk)
+    payment_pay_with_balance(order_id=shipped.pk)
+    order_ship(order_id=shipped.pk)
+    before = {o.pk: Order.objects.get(pk=o.pk).status for o in (pending, paid, shipped)}
+    looker = get_user_model().objects.create_user("looker", is_staff=True)
+    looker.user_permissions.add(Permission.objects.get(codename="view_order"))
+    client.force_login(looker)
+    listing = client.get("/admin/orders/order/")
+    assert listing.status_code == 200
+    for action in ("cancel", "ship", "complete"):
+        assert f'value="{action}"' not in listing.content.decode(), action
+        answer = client.post(
+            "/admin/orders/order/",
+            {"action": action, "_selected_action": list(before)},
+            follow=True,
+        )
+        assert answer.status_code in (200, 403), action
+        after = dict(Order.objects.filter(pk__in=before).values_list("pk", "status"))
+        assert after == before, action
+    # Allowed to change orders: the actions are offered and work.
+    looker.user_permissions.add(Permission.objects.get(codename="change_order"))
+    client.force_login(get_user_model().objects.get(pk=looker.pk))
+    listing = client.get("/admin/orders/order/").content.decode()
+    assert all(f'value="{a}"' in listing for a in ("cancel", "ship", "complete"))
+    client.post(
+        "/admin/orders/order/", {"action": "cancel", "_selected_action": [pending.pk]}
+    )
+    assert Order.objects.get(pk=pending.pk).status == Order.Status.CANCELLED
