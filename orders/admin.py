@@ -166,6 +166,11 @@ class OrderAdmin(admin.ModelAdmin):
 
 @admin.register(PreOrder)
 class PreOrderAdmin(admin.ModelAdmin):
+    """Read-only. A pre-order is the memory that its number was issued, and of the
+    order placed with it: deleted, the web form's resubmission of that number would
+    place the order a second time. Only the purge task deletes pre-orders, and only
+    unused, expired ones."""
+
     list_display = ("merchant_order_no", "owner", "created_at", "expires_at")
     search_fields = ("merchant_order_no", "owner__username")
     date_hierarchy = "created_at"
@@ -175,6 +180,9 @@ class PreOrderAdmin(admin.ModelAdmin):
         return False
 
     def has_change_permission(self, request: HttpRequest, obj=None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj=None) -> bool:
         return False
 
 

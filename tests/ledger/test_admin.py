@@ -471,3 +471,22 @@ def test_staff_who_may_only_look_are_offered_no_action_anywhere(rf):
     }
     assert "orders.order" in offered and "django_celery_beat.periodictask" in offered
     assert {model: names for model, names in offered.items() if names} == {}
+
+
+def test_only_what_no_exactly_once_guard_needs_can_be_deleted_in_the_admin(rf):
+    """The ledger, orders, pre-orders, payments, idempotency records and their
+    audit are each the memory that something happened once: none is deleted from
+    the admin, not even by a superuser. Only Django's, tokens' and beat's are."""
+    from django.contrib import admin
+    from django.contrib.auth import get_user_model
+
+    request = rf.get("/admin/")
+    request.user = get_user_model().objects.create_superuser("boss")
+    deletable = {
+        str(model._meta)
+        for model, model_admin in admin.site._registry.items()
+        if model_admin.has_delete_permission(request)
+        or "delete_selected" in model_admin.get_actions(request)
+    }
+    apps = {"auth", "authtoken", "django_celery_beat"}
+    assert {label for label in deletable if label.split(".")[0] not in apps} == set()

@@ -353,3 +353,28 @@ def test_staff_who_may_only_look_at_orders_can_press_nothing(client):
         "/admin/orders/order/", {"action": "cancel", "_selected_action": [pending.pk]}
     )
     assert Order.objects.get(pk=pending.pk).status == Order.Status.CANCELLED
+
+
+def test_a_pre_order_cannot_be_deleted_in_the_admin(staff):
+    """A pre-order is the memory that its number was issued, and of the order
+    placed with it: deleted, the web form's resubmission would place the order a
+    second time. Only the purge task deletes pre-orders (unused, expired ones)."""
+    from orders.models import PreOrder
+
+    user, _, _ = customer("alice", balance=10_000)
+    order = place_order(user)
+    preorder = PreOrder.objects.get(merchant_order_no=order.merchant_order_no)
+    listing = staff.get("/admin/orders/preorder/")
+    assert listing.status_code == 200
+    assert 'value="delete_selected"' not in listing.content.decode()
+    staff.post(
+        "/admin/orders/preorder/",
+        {"action": "delete_selected", "_selected_action": [preorder.pk], "post": "yes"},
+    )
+    delete = f"/admin/orders/preorder/{preorder.pk}/delete/"
+    assert staff.get(delete).status_code == 403
+    assert staff.post(delete, {"post": "yes"}).status_code == 403
+    page = staff.get(f"/admin/orders/preorder/{preorder.pk}/change/")
+    assert page.status_code == 200
+    assert b'name="_save"' not in page.content and b"deletelink" not in page.content
+    assert PreOrder.objects.filter(pk=preorder.pk).exists()
