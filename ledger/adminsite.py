@@ -1,5 +1,6 @@
 """The admin site the back office runs on: Django's, with every list refusing a
-filter in its address that it cannot apply, never with a 500.
+filter in its address that it cannot apply, and every action a selection it cannot
+act on, never with a 500, and every action needing a permission.
 
 Django lets a list's address filter on any column with any lookup, and refuses
 what it cannot apply as it builds the query (`?e=1`, its "database error" page).
@@ -17,6 +18,11 @@ disable and run, say) needs the right to change the model, so that staff who may
 only look are offered nothing that changes anything (the project's own actions name
 theirs: `@admin.action(permissions=[...])`).
 
+An action runs only on a selection whose every id could name a row of its list
+(`_selected_action=abc`, `1.5`, empty or a NUL made Django's filter raise, a 500):
+anything else is refused as Django refuses an action it does not know, with a
+message on the list and nothing done.
+
 The site puts these on every admin registered on it, Django's and other apps' too
 (users, tokens, beat's schedules).
 """
@@ -24,11 +30,17 @@ The site puts these on every admin registered on it, Django's and other apps' to
 import logging
 from typing import Any
 
-from django.contrib import admin
+from django.contrib import admin, messages
+from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
 from django.contrib.admin.options import IncorrectLookupParameters
 from django.contrib.admin.views.main import ChangeList
-from django.db import DatabaseError, transaction
-from django.http import HttpRequest
+from django.core.exceptions import ValidationError
+from django.db import DatabaseError, models, transaction
+from django.db.models import Field, QuerySet
+from django.http import HttpRequest, HttpResponse
+from django.utils.translation import gettext
+
+from .forms import row_id
 
 logger = logging.getLogger(__name__)
 
@@ -71,7 +83,45 @@ class PermittedActionsAdmin(admin.ModelAdmin):
         }
 
 
-class SiteAdmin(FilterRefusingAdmin, PermittedActionsAdmin):
+def names_a_row(pk: Field, value: str) -> bool:
+    """Whether `value`, as a changelist's checkbox sends it back, could be the
+    primary key `pk` of a row: an integer key in ASCII digits that fits 64 bits
+    (`row_id`), any other what the field reads and the database can hold."""
+    while isinstance(pk, models.ForeignKey):  # a one-to-one key: its target's
+        pk = pk.target_field
+    if isinstance(pk, models.IntegerField):
+        return row_id(value) is not None
+    if "\x00" in value:  # no database text holds one (PostgreSQL refuses it)
+        return False
+    try:
+        pk.to_python(value)
+    except ValidationError:
+        return False
+    return True
+
+
+class SelectionCheckingAdmin(admin.ModelAdmin):
+    """A ModelAdmin whose actions refuse a damaged selection (see the module doc)."""
+
+    def response_action(
+        self, request: HttpRequest, queryset: QuerySet, *args: Any, **kwargs: Any
+    ) -> HttpResponse | None:
+        selected = request.POST.getlist(ACTION_CHECKBOX_NAME)
+        if all(names_a_row(self.opts.pk, value) for value in selected):
+            return super().response_action(request, queryset, *args, **kwargs)
+        # None: the changelist redirects to itself, with this message.
+        self.message_user(
+            request,
+            gettext(
+                "The selection is damaged: it names something that is not a row "
+                "of this list. Nothing was done; select the rows again."
+            ),
+            messages.ERROR,
+        )
+        return None
+
+
+class SiteAdmin(FilterRefusingAdmin, PermittedActionsAdmin, SelectionCheckingAdmin):
     """What the site puts on every admin registered on it."""
 
 

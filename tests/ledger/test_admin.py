@@ -490,3 +490,42 @@ def test_only_what_no_exactly_once_guard_needs_can_be_deleted_in_the_admin(rf):
     }
     apps = {"auth", "authtoken", "django_celery_beat"}
     assert {label for label in deletable if label.split(".")[0] not in apps} == set()
+
+
+# What a changelist's checkbox never sends back: each made Django's filter raise (a
+# 500), now the list's refusal.
+DAMAGED_SELECTIONS = ["abc", "1.5", "", "\x00", "1\x00", "1e3", "\u0661", "-1"]
+
+
+def test_every_action_refuses_a_damaged_selection(admin_client, admin_user, rf):
+    from django.contrib import admin
+    from django.urls import reverse
+
+    _, _, wallet = customer("alice", balance=100)
+    request = rf.get("/admin/")
+    request.user = admin_user
+    pressed = 0
+    for model, model_admin in admin.site._registry.items():
+        opts = model._meta
+        changelist = reverse(f"admin:{opts.app_label}_{opts.model_name}_changelist")
+        for action in model_admin.get_actions(request):
+            for value in DAMAGED_SELECTIONS:
+                answer = admin_client.post(
+                    changelist, {"action": action, "_selected_action": [value]}
+                )
+                assert answer.status_code == 302, (changelist, action, value)
+                assert answer["Location"] == changelist, (action, value)
+                pressed += 1
+    assert pressed > 100
+    page = staff(admin_user).post(
+        ACCOUNTS,
+        {"action": "freeze", "_selected_action": [wallet.pk, "abc"]},
+        follow=True,
+    )
+    assert page.status_code == 200
+    assert messages_of(page) == [
+        "The selection is damaged: it names something that is not a row of this "
+        "list. Nothing was done; select the rows again."
+    ]
+    wallet.refresh_from_db()
+    assert (wallet.status, wallet.balance) == (Account.Status.ACTIVE, 100)
