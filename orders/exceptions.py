@@ -35,6 +35,14 @@ class OrderNotCancellable(DomainError):
     default_detail = "Only an order that is still pending payment can be cancelled."
 
 
+class OrderAlreadyCancelled(OrderNotCancellable):
+    """A cancel of an order already cancelled: a repeat (a second click, the page
+    resubmitted), which a page says as such. The API's answer is unchanged (its
+    code is `order_not_cancellable`)."""
+
+    default_detail = "This order was already cancelled."
+
+
 class OrderTransitionNotAllowed(DomainError):
     status = 409
     code = "order_transition_not_allowed"

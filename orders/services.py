@@ -25,6 +25,7 @@ from .exceptions import (
     DuplicateOrder,
     ItemsCurrencyMismatch,
     MerchantOrderNoUnknown,
+    OrderAlreadyCancelled,
     OrderAlreadyPaid,
     OrderAmountTooLarge,
     OrderNotCancellable,
@@ -238,10 +239,11 @@ def _order_take_stock(order: Order, lines: list[OrderItem]) -> None:
 def _order_transition(
     order_id: int,
     name: str,
-    refusal: type[DomainError] = OrderTransitionNotAllowed,
+    refusal: Callable[[Order], type[DomainError]] = lambda _: OrderTransitionNotAllowed,
     before: Callable[[Order], None] | None = None,
 ) -> Order:
-    """Lock the order, take the declared edge `name` (after `before(order)`), save.
+    """Lock the order, take the declared edge `name` (after `before(order)`), save;
+    if the edge cannot be taken, raise the error `refusal(order)` names.
 
     The row lock serialises transitions of one order; the save is also conditional on
     the status we read (ConcurrentTransitionMixin), the guard for any caller that did
@@ -251,7 +253,9 @@ def _order_transition(
         order = Order.objects.select_for_update().get(pk=order_id)
         move = getattr(order, name)
         if not can_proceed(move):
-            raise refusal(
+            # Decided here, under the lock: the caller's transaction can run no query
+            # once this leaves it.
+            raise refusal(order)(
                 f"Order {order.merchant_order_no} is {order.status_name}; "
                 f"it cannot {name}."
             )
@@ -261,7 +265,7 @@ def _order_transition(
         try:
             order.save(update_fields=["status", "updated_at"])
         except ConcurrentTransition:
-            raise refusal(
+            raise refusal(order)(
                 f"Order {order.merchant_order_no} changed while we moved it; "
                 "read it again."
             ) from None
@@ -280,7 +284,7 @@ def order_cancel(*, order_id: int) -> Order:
     payments app cancels an open provider charge after commit).
     """
     with transaction.atomic(savepoint=False):
-        order = _order_transition(order_id, "cancel", OrderNotCancellable, _release)
+        order = _order_transition(order_id, "cancel", _cancel_refusal, _release)
         lines = list(OrderItem.objects.filter(order_id=order.pk).order_by("pk"))
         _give_back(lines)
         for listener in _cancel_listeners:
@@ -322,6 +326,14 @@ def _give_back(lines: list[OrderItem]) -> int:
                 kind=StockMovement.Kind.RETURN,
             )
     return returned
+
+
+def _cancel_refusal(order: Order) -> type[DomainError]:
+    """A cancel of a cancelled order is a repeat, which the shop's page says as
+    such (`OrderAlreadyCancelled`); of any other, a refusal."""
+    if order.status == Order.Status.CANCELLED:
+        return OrderAlreadyCancelled
+    return OrderNotCancellable
 
 
 def order_ship(*, order_id: int) -> Order:

@@ -21,6 +21,7 @@ from .exceptions import (
     DuplicateOrder,
     ItemsCurrencyMismatch,
     MerchantOrderNoUnknown,
+    OrderAlreadyCancelled,
     OrderAmountTooLarge,
     OrderNotCancellable,
     OutOfStock,
@@ -203,6 +204,8 @@ def order_cancel_view(request: HttpRequest, merchant_order_no: str) -> HttpRespo
     try:
         with transaction.atomic(durable=True):
             order_cancel(order_id=order.pk)
+    except OrderAlreadyCancelled:
+        messages.info(request, _("This order is already cancelled."))
     except OrderNotCancellable:
         messages.error(request, _("Only an unpaid order can be cancelled."))
     else:

@@ -277,12 +277,26 @@ def test_cancel_from_the_order_page(client, shopper):
     order = place_order(user)
     url = f"/orders/{order.merchant_order_no}"
     assert client.post(f"{url}/cancel").status_code == 303
-    client.post(f"{url}/cancel")
-    assert "Only an unpaid order can be cancelled." in messages_of(client.get(url))
+    assert messages_of(client.get(url)) == ["Order cancelled."]
+    # A second click (or the page resubmitted) is the same cancel: said as a repeat.
+    assert client.post(f"{url}/cancel").status_code == 303
+    assert messages_of(client.get(url)) == ["This order is already cancelled."]
     client.post(f"{url}/pay")
     assert "This order was cancelled; it cannot be paid." in messages_of(
         client.get(url)
     )
+
+
+def test_a_paid_order_is_not_cancelled_from_the_order_page(client, shopper):
+    from payments.services import payment_pay_with_balance
+
+    user, _ = shopper
+    order = place_order(user)
+    payment_pay_with_balance(order_id=order.pk)
+    url = f"/orders/{order.merchant_order_no}"
+    assert client.post(f"{url}/cancel").status_code == 303
+    assert messages_of(client.get(url)) == ["Only an unpaid order can be cancelled."]
+    assert Order.objects.get(pk=order.pk).status == Order.Status.PAID
 
 
 def test_someone_elses_order_is_not_found(client, shopper):
