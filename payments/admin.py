@@ -233,8 +233,15 @@ class PaymentAdmin(BackofficeMixin, ReadOnlyAdmin):
 class RefundAdmin(ReadOnlyAdmin):
     """Refunds are made by `payment_refund` (money moves with them): read-only."""
 
-    list_display = ("id", "payment", "amount_money", "reason", "created_at")
-    list_filter = ("currency", "reason")
+    list_display = (
+        "id",
+        "payment",
+        "amount_money",
+        "reason",
+        "at_provider",
+        "created_at",
+    )
+    list_filter = ("currency", "reason", "at_provider")
     search_fields = ("payment__order__merchant_order_no",)
     amount_money = money_column("amount", _("amount"))
     readonly_fields = (
@@ -243,6 +250,8 @@ class RefundAdmin(ReadOnlyAdmin):
         "currency",
         "reason",
         "journal_entry",
+        "at_provider",
+        "returned_at",
         "created_at",
     )
     fields = readonly_fields

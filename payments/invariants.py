@@ -106,3 +106,17 @@ def provider_events_parked() -> list[str]:
         f"{attempts} failed attempts: {error}"
         for event_id, payment_id, attempts, error in parked.order_by("pk")
     ]
+
+
+@warning_check
+def refunds_not_returned() -> list[str]:
+    """Refunds of provider payments the provider has not given back to the payer ten
+    minutes after they were made (beat asks again every minute): the provider is
+    down, or refuses (the charge was never paid there). The ledger holds the money
+    as gone out; the payer does not have it yet."""
+    from .services import refunds_to_return
+
+    return [
+        f"refund {refund_id} not yet returned by the provider"
+        for refund_id in refunds_to_return(older_than_seconds=600)
+    ]

@@ -175,6 +175,24 @@ class Refund(models.Model):
     )
     created_at = models.DateTimeField(_("created"), db_default=Now())
 
+    class AtProvider(models.TextChoices):
+        NONE = "", _("Not a provider payment")
+        PENDING = "pending", _("To be returned by the provider")
+        RETURNED = "returned", _("Returned by the provider")
+
+    # A provider payment's money goes back to the payer through the provider: the
+    # refund commits `pending` and a task asks the provider (outside any
+    # transaction; the provider refunds a charge once however often it is asked),
+    # then marks it `returned`. Beat sends the task again for one still pending.
+    at_provider = models.CharField(
+        _("at the provider"),
+        max_length=16,
+        choices=AtProvider.choices,
+        default=AtProvider.NONE,
+        blank=True,
+    )
+    returned_at = models.DateTimeField(_("returned"), null=True, blank=True)
+
     class Meta:
         verbose_name = _("refund")
         verbose_name_plural = _("refunds")

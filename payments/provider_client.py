@@ -104,3 +104,15 @@ def provider_charge_cancel(*, merchant_order_no: str) -> ProviderCharge | None:
     """
     response = _request("POST", f"/charges/{merchant_order_no}/cancel")
     return None if response is None else _charge(response.json())
+
+
+def provider_charge_refund(*, merchant_order_no: str) -> ProviderCharge:
+    """Have the provider give a paid charge's money back to the payer; its answer
+    (REFUNDED). Idempotent at the provider: asking again answers the same, the
+    money goes back once. A charge that was never paid is `ProviderRefused` (409),
+    and so is one the provider does not know (404): there is nothing to give back,
+    and asking again will not change that."""
+    response = _request("POST", f"/charges/{merchant_order_no}/refund")
+    if response is None:
+        raise ProviderRefused("The payment provider has no such charge to refund.")
+    return _charge(response.json())

@@ -61,6 +61,7 @@ from .provider_client import (
     provider_charge_cancel,
     provider_charge_create,
     provider_charge_get,
+    provider_charge_refund,
 )
 
 logger = logging.getLogger(__name__)
@@ -82,6 +83,7 @@ def enqueue_on_commit(task: str, *args: Any) -> None:
 CANCEL_OPEN_CHARGES = "payments.tasks.payment_cancel_open_charges_task"
 PROCESS_EVENT = "payments.tasks.provider_event_process_task"
 DISPATCH_SHIPMENT = "payments.tasks.shipment_dispatch_task"
+RETURN_AT_PROVIDER = "payments.tasks.refund_return_at_provider_task"
 
 
 def payment_reference(order: Order) -> str:
@@ -469,6 +471,7 @@ def _refund_locked(
         entry = merchant_give_back(entry_id=payment.journal_entry_id, **movement)
     else:  # pragma: no cover - a succeeded payment has its entry
         raise ValueError(f"payment {payment.pk} has no journal entry")
+    provider = payment.method == Payment.Method.PROVIDER
     try:
         with transaction.atomic():
             refund = Refund.objects.create(
@@ -477,12 +480,38 @@ def _refund_locked(
                 currency=payment.currency,
                 reason=reason,
                 journal_entry=entry,
+                at_provider=Refund.AtProvider.PENDING if provider else "",
             )
     except IntegrityError:  # pragma: no cover - the payment row is locked
         raise AlreadyRefunded() from None
     payment.refund()
     payment.save()
+    if provider:
+        enqueue_on_commit(RETURN_AT_PROVIDER, refund.pk)
     return refund
+
+
+def refund_return_at_provider(*, refund_id: int) -> bool:
+    """Have the provider give a provider payment's refunded money back to the payer,
+    once; True if this call marked it returned.
+
+    Never inside a transaction (the provider call), and safe to repeat: the provider
+    refunds a charge once however often it is asked, and our mark is a conditional
+    update of a pending refund. A task killed between the two is delivered again (or
+    beat sends it again) and asks again. A provider that does not answer raises
+    `ProviderUnavailable` (the task retries); one that refuses (the charge was never
+    paid there) `ProviderRefused`: the refund stays pending, and `check_ledger`
+    names it for an operator.
+    """
+    refund = Refund.objects.select_related("payment__order").get(pk=refund_id)
+    if refund.at_provider != Refund.AtProvider.PENDING:
+        return False
+    provider_charge_refund(merchant_order_no=refund.payment.order.merchant_order_no)
+    return bool(
+        Refund.objects.filter(
+            pk=refund_id, at_provider=Refund.AtProvider.PENDING
+        ).update(at_provider=Refund.AtProvider.RETURNED, returned_at=Now())
+    )
 
 
 def _lock(payment_id: int) -> tuple[Order, Payment]:
@@ -914,6 +943,19 @@ def payments_stuck(*, older_than_seconds: int, limit: int = 100) -> list[int]:
         )
         Payment.objects.filter(pk__in=ids).update(provider_asked_at=Now())
     return ids
+
+
+def refunds_to_return(*, older_than_seconds: int, limit: int = 500) -> list[int]:
+    """Ids of refunds still to be returned by the provider `older_than_seconds`
+    after they were made: their task was lost, or the provider did not answer."""
+    cutoff = DatabaseNow(plus=-timedelta(seconds=older_than_seconds))
+    return list(
+        Refund.objects.filter(
+            at_provider=Refund.AtProvider.PENDING, created_at__lt=cutoff
+        )
+        .order_by("pk")
+        .values_list("pk", flat=True)[:limit]
+    )
 
 
 def inbox_stuck(*, older_than_seconds: int, limit: int = 500) -> tuple[list, list]:

@@ -80,6 +80,13 @@ def payment_cancel_open_charges_task(order_id: int) -> int:
     return len(services.payment_cancel_open_charges(order_id=order_id))
 
 
+@shared_task(**RETRY_PROVIDER)
+def refund_return_at_provider_task(refund_id: int) -> bool:
+    """Have the provider give a refunded provider payment's money back to the
+    payer (once, however often it runs)."""
+    return services.refund_return_at_provider(refund_id=refund_id)
+
+
 @shared_task
 def cancel_expired_orders() -> int:
     """Cancel orders unpaid past ORDER_UNPAID_EXPIRY_SECONDS."""
@@ -90,15 +97,18 @@ def cancel_expired_orders() -> int:
 
 @shared_task
 def redrive_inbox() -> int:
-    """Send again the tasks of provider events and shipments that still wait a
-    minute after they were stored (each task is a no-op if it already ran); a
-    parked event waits for an operator instead."""
+    """Send again the tasks of provider events, shipments and refunds to return at
+    the provider that still wait a minute after they were made (each task is a
+    no-op if it already ran); a parked event waits for an operator instead."""
     events, shipments = services.inbox_stuck(older_than_seconds=60)
     for event_id in events:
         provider_event_process_task.delay(event_id)
     for shipment_id in shipments:
         shipment_dispatch_task.delay(shipment_id)
-    return len(events) + len(shipments)
+    refunds = services.refunds_to_return(older_than_seconds=60)
+    for refund_id in refunds:
+        refund_return_at_provider_task.delay(refund_id)
+    return len(events) + len(shipments) + len(refunds)
 
 
 @shared_task

@@ -11,6 +11,8 @@ class Charge(models.Model):
         FAILED = "FAILED", _("Failed")
         # The merchant cancelled it: the payer can no longer confirm it.
         CANCELLED = "CANCELLED", _("Cancelled")
+        # Paid, then the merchant gave the money back to the payer.
+        REFUNDED = "REFUNDED", _("Refunded")
 
     txn_id = models.CharField(_("transaction"), max_length=64, unique=True)
     # The merchant's idempotency key: one charge per merchant order number.
@@ -28,6 +30,7 @@ class Charge(models.Model):
     )
     created_at = models.DateTimeField(_("created"), auto_now_add=True)
     settled_at = models.DateTimeField(_("settled"), null=True, blank=True)
+    refunded_at = models.DateTimeField(_("refunded"), null=True, blank=True)
 
     class Meta:
         verbose_name = _("charge")

@@ -91,6 +91,25 @@ def charge_cancel(*, merchant_order_no: str) -> Charge:
     return charge
 
 
+def charge_refund(*, merchant_order_no: str) -> Charge:
+    """Give a paid charge's money back to the payer.
+
+    One conditional update (`WHERE status = success`): asked again (the merchant's
+    retry, a redelivered task), the charge is refunded already and the answer is
+    the same; the money goes back once. Not paid (pending, declined, cancelled):
+    `ChargeConflict`. Unknown: `Charge.DoesNotExist`.
+    """
+    Charge.objects.filter(
+        merchant_order_no=merchant_order_no, status=Charge.Status.SUCCESS
+    ).update(status=Charge.Status.REFUNDED, refunded_at=timezone.now())
+    charge = Charge.objects.get(merchant_order_no=merchant_order_no)
+    if charge.status != Charge.Status.REFUNDED:
+        raise ChargeConflict(
+            f"This charge is {charge.status}; only a paid one is refunded."
+        )
+    return charge
+
+
 def charge_settle(*, txn_id: str, outcome: str) -> Charge:
     """The payer confirmed (SUCCESS) or declined (FAILED) on the pay page.
 

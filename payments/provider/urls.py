@@ -14,5 +14,10 @@ urlpatterns = [
         views.ChargeCancelApi.as_view(),
         name="provider-charge-cancel",
     ),
+    path(
+        "charges/<str:merchant_order_no>/refund",
+        views.ChargeRefundApi.as_view(),
+        name="provider-charge-refund",
+    ),
     path("pay/<str:txn_id>", views.pay_page, name="provider-pay"),
 ]

@@ -17,7 +17,7 @@ from rest_framework.views import APIView
 from orders.fields import MAX_AMOUNT, StrictCharField, StrictIntegerField
 
 from .models import Charge
-from .services import charge_cancel, charge_create, charge_settle
+from .services import charge_cancel, charge_create, charge_refund, charge_settle
 
 SECRET_HEADER = "X-Merchant-Secret"  # noqa: S105 - a header name
 
@@ -115,6 +115,21 @@ class ChargeCancelApi(_MerchantApi):
     def post(self, request: Request, merchant_order_no: str) -> Response:
         try:
             charge = charge_cancel(
+                merchant_order_no=_merchant_order_no(merchant_order_no)
+            )
+        except Charge.DoesNotExist:
+            raise Http404("no such charge") from None
+        return Response(charge_data(charge, request))
+
+
+class ChargeRefundApi(_MerchantApi):
+    """Refund a paid charge (no body), all of it. Idempotent: `200` with the
+    charge, now `REFUNDED`, however often it is asked; `409` if it was never paid;
+    `404` for an unknown merchant order number."""
+
+    def post(self, request: Request, merchant_order_no: str) -> Response:
+        try:
+            charge = charge_refund(
                 merchant_order_no=_merchant_order_no(merchant_order_no)
             )
         except Charge.DoesNotExist:

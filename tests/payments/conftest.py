@@ -1,7 +1,7 @@
 import pytest
 
 from tests.servers import gunicorn
-from tests.workers import BROKER_URL, SETTINGS, broker
+from tests.workers import BROKER_URL, SETTINGS, broker, celery_worker
 
 
 @pytest.fixture
@@ -14,3 +14,15 @@ def provider(tmp_path, settings, on_postgres):
     ):
         settings.PAYMENT_PROVIDER_URL = f"{url}/provider"
         yield url
+
+
+@pytest.fixture
+def worker(tmp_path, provider):
+    """A real Celery worker beside `provider`, calling it and calling back to it."""
+    with celery_worker(
+        tmp_path,
+        PAYMENT_PROVIDER_URL=f"{provider}/provider",
+        PROVIDER_CALLBACK_URL=f"{provider}/api/v1/payments/callback",
+        PROVIDER_RETRY_SCALE="0.02",
+    ) as process:
+        yield process

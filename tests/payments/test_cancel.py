@@ -39,7 +39,7 @@ from tests.helpers import (
     wait_for,
 )
 from tests.servers import children, free_port
-from tests.workers import celery_worker, pool_child
+from tests.workers import pool_child
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
@@ -90,17 +90,6 @@ def assert_paid_once_from_the_balance(order: Order, wallet, start: int) -> None:
     assert balance(external_account(currency="CNY")) == -start
     report = ledger_report()
     assert report["ok"], report
-
-
-@pytest.fixture
-def worker(tmp_path, provider):
-    with celery_worker(
-        tmp_path,
-        PAYMENT_PROVIDER_URL=f"{provider}/provider",
-        PROVIDER_CALLBACK_URL=f"{provider}/api/v1/payments/callback",
-        PROVIDER_RETRY_SCALE="0.02",
-    ) as process:
-        yield process
 
 
 def test_paying_from_the_balance_cancels_the_open_provider_charge(
