@@ -105,11 +105,12 @@ def payment_pay_with_balance(*, order_id: int) -> Payment:
     One transaction: lock the order row, refuse if it is paid or cancelled, record the
     payment, move the money through the ledger (whose unique reference `payment:<order>`
     stops a second debit even if every check above were bypassed), mark the payment
-    succeeded (a partial unique index allows one success per order) and take the
-    order's `pay` edge. Not enough money raises `InsufficientFunds` and the whole
-    transaction, payment row included, rolls back. If the order also has a pending
-    provider payment, its charge is cancelled at the provider by a task sent after
-    commit (`payment_cancel_open_charges`), so the shopper cannot pay twice.
+    succeeded (a partial unique index allows one success per order), take the
+    order's `pay` edge and create its one shipment. Not enough money raises
+    `InsufficientFunds` and the whole transaction, payment row included, rolls back.
+    If the order also has a pending provider payment, its charge is cancelled at the
+    provider by a task sent after commit (`payment_cancel_open_charges`), so the
+    shopper cannot pay twice.
     """
     with transaction.atomic(savepoint=False):
         order = order_lock_for_payment(order_id=order_id)
@@ -137,6 +138,7 @@ def payment_pay_with_balance(*, order_id: int) -> Payment:
         )
         if not order_mark_paid(order_id=order.pk):  # pragma: no cover - row is locked
             raise OrderAlreadyPaid()
+        shipment_create(order_id=order.pk)
         if _pending_provider_payments(order.pk).exists():
             enqueue_on_commit(CANCEL_OPEN_CHARGES, order.pk)
     return payment
@@ -251,6 +253,7 @@ def payment_capture(*, payment_id: int, amount: int | None = None) -> Payment:
         )
         if not order_mark_captured(order_id=order.pk):  # pragma: no cover - locked
             raise OrderAlreadyPaid()
+        shipment_create(order_id=order.pk)
         # The locked row, moved in memory along the edge its row just took, serves
         # the answer: no second read of the order.
         order.capture()
@@ -691,16 +694,16 @@ def payment_cancel_open_charges(*, order_id: int) -> list[Payment]:
 
 
 def shipment_create(*, order_id: int) -> Shipment | None:
-    """Create the order's one shipment and enqueue its task after commit.
+    """Create the order's one shipment and enqueue its task after commit; every
+    way an order gets paid calls it (a wallet payment, a capture, a provider's
+    success), in the transaction that marks the order paid.
 
-    The unique order on `Shipment` is the guard: a second attempt creates nothing and
-    enqueues nothing. Returns the new shipment, or None if it existed.
+    The unique order on `Shipment` is the guard: a second attempt creates nothing
+    and enqueues nothing (`INSERT ... ON CONFLICT DO NOTHING`, no savepoint).
+    Returns the new shipment, or None if it existed.
     """
-
-    try:
-        with transaction.atomic():
-            shipment = Shipment.objects.create(order_id=order_id)
-    except IntegrityError:
+    shipment = Shipment(order_id=order_id)
+    if not insert_unless_exists(shipment, ["order_id"]):
         return None
     enqueue_on_commit(DISPATCH_SHIPMENT, shipment.pk)
     return shipment

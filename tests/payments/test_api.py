@@ -2,7 +2,7 @@ import pytest
 
 from ledger.invariants import ledger_report
 from orders.models import Order
-from payments.models import Payment
+from payments.models import Payment, Shipment
 from tests.conftest import run_in_threads
 from tests.helpers import (
     assert_problem,
@@ -41,6 +41,8 @@ def test_pay_with_balance():
     assert balance(wallet) == 3500
     detail = client.get(f"/api/v1/orders/{order.merchant_order_no}").json()
     assert detail["status"] == "paid" and detail["paid_at"]
+    # Paid from the wallet, it ships as a provider-paid order does: one shipment.
+    assert Shipment.objects.get().order_id == order.pk
 
 
 def test_retry_with_the_same_key_replays_and_debits_once():
@@ -53,6 +55,7 @@ def test_retry_with_the_same_key_replays_and_debits_once():
     assert again.content == first.content
     assert again["Idempotent-Replayed"] == "true"
     assert balance(wallet) == 3500
+    assert Shipment.objects.filter(order=order).count() == 1
 
 
 def test_paying_again_under_a_new_key_is_already_paid():
@@ -127,6 +130,7 @@ def test_racing_pays_under_different_keys_debit_once(on_postgres):
     statuses = run_in_threads(6, lambda i: pay(client, order).status_code)
     assert sorted(statuses) == [201] + [409] * 5, statuses
     assert balance(wallet) == 3500
+    assert Shipment.objects.filter(order=order).count() == 1
     assert ledger_report()["ok"]
 
 

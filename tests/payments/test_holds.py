@@ -20,7 +20,7 @@ from ledger.services import merchant_account
 from orders.models import Order
 from orders.services import order_cancel, order_cancel_expired
 from payments.exceptions import PaymentNotCapturable, PaymentNotVoidable
-from payments.models import Payment
+from payments.models import Payment, Shipment
 from payments.services import (
     payment_authorize_with_balance,
     payment_capture,
@@ -245,6 +245,7 @@ def test_capture_in_full_debits_once_and_releases_the_hold():
     entry = JournalEntry.objects.get(kind="payment")
     assert entry.reference == f"payment:{order.pk}"
     assert Hold.objects.get().status == Hold.Status.CAPTURED
+    assert Shipment.objects.get().order_id == order.pk  # captured: it ships
     assert_ledger_ok()
 
 
@@ -374,6 +375,7 @@ def test_thirty_captures_under_thirty_keys_debit_once(on_postgres):
     assert merchant_balance() == 1000
     assert JournalEntry.objects.filter(kind="payment").count() == 1
     assert order_status(order) == "paid"
+    assert Shipment.objects.filter(order=order).count() == 1
     assert_ledger_ok()
 
 
