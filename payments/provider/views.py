@@ -107,34 +107,32 @@ class ChargeDetailApi(_MerchantApi):
         return Response(charge_data(charge, request))
 
 
-class ChargeCancelApi(_MerchantApi):
-    """Cancel an open charge (no body). Idempotent: `200` with the charge, now
-    `CANCELLED`, however often it is asked; `409` if the payer paid it first;
-    `404` for an unknown merchant order number."""
+class _ChargeActionApi(_MerchantApi):
+    """A merchant's action on one of its charges (no body): `200` with the charge
+    as the action left it, `404` for an unknown merchant order number."""
+
+    act: staticmethod
 
     def post(self, request: Request, merchant_order_no: str) -> Response:
         try:
-            charge = charge_cancel(
-                merchant_order_no=_merchant_order_no(merchant_order_no)
-            )
+            charge = self.act(merchant_order_no=_merchant_order_no(merchant_order_no))
         except Charge.DoesNotExist:
             raise Http404("no such charge") from None
         return Response(charge_data(charge, request))
 
 
-class ChargeRefundApi(_MerchantApi):
-    """Refund a paid charge (no body), all of it. Idempotent: `200` with the
-    charge, now `REFUNDED`, however often it is asked; `409` if it was never paid;
-    `404` for an unknown merchant order number."""
+class ChargeCancelApi(_ChargeActionApi):
+    """Cancel an open charge. Idempotent: the charge, now `CANCELLED`, however
+    often it is asked; `409` if the payer paid it first."""
 
-    def post(self, request: Request, merchant_order_no: str) -> Response:
-        try:
-            charge = charge_refund(
-                merchant_order_no=_merchant_order_no(merchant_order_no)
-            )
-        except Charge.DoesNotExist:
-            raise Http404("no such charge") from None
-        return Response(charge_data(charge, request))
+    act = staticmethod(charge_cancel)
+
+
+class ChargeRefundApi(_ChargeActionApi):
+    """Refund a paid charge, all of it. Idempotent: the charge, now `REFUNDED`,
+    however often it is asked; `409` if it was never paid."""
+
+    act = staticmethod(charge_refund)
 
 
 @require_http_methods(["GET", "POST"])

@@ -28,7 +28,7 @@ from payments.services import provider_event_process, refunds_to_return
 from payments.tasks import redrive_inbox, refund_return_at_provider_task
 from tests.conftest import run_in_threads
 from tests.helpers import balance, customer, new_key, place_order, wait_for
-from tests.payments.test_cancel import PayPage, provider_pending
+from tests.payments.test_cancel import PayPage, pay, provider_pending
 from tests.servers import free_port
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
@@ -172,13 +172,7 @@ def test_a_refund_the_provider_refuses_stays_pending_and_is_named(callbacks):
 
 def test_a_wallet_payment_refund_asks_no_provider(callbacks):
     user, api, wallet = customer("fred", balance=3000)
-    order = place_order(user, amount=1000)
-    paid = api.post(
-        f"/api/v1/orders/{order.merchant_order_no}/pay",
-        {"method": "balance"},
-        format="json",
-        headers={"Idempotency-Key": new_key()},
-    )
+    paid = pay(api, place_order(user, amount=1000), "balance")
     assert paid.status_code == 201, paid.content
     made = refund(api, paid.json()["id"])
     assert made.at_provider == Refund.AtProvider.NONE
