@@ -58,7 +58,9 @@ def healthz(request: HttpRequest) -> JsonResponse:
 
 @get_only
 def readyz(request: HttpRequest) -> JsonResponse:
-    """Ready to take traffic: the database answers, and Redis too when configured."""
+    """Ready to take traffic: the database answers, and Redis too when configured.
+
+    Not ready: `503 not_ready` in problem+json, its `checks` naming what failed."""
     checks: dict[str, str] = {}
     try:
         with connection.cursor() as cursor:
@@ -70,10 +72,17 @@ def readyz(request: HttpRequest) -> JsonResponse:
         from idempotency.redis import redis_ping
 
         checks["redis"] = "ok" if redis_ping() else "error: unreachable"
-    ready = all(value == "ok" for value in checks.values())
-    return JsonResponse(
-        {"status": "ok" if ready else "unavailable", "checks": checks},
-        status=200 if ready else 503,
+    if all(value == "ok" for value in checks.values()):
+        return JsonResponse({"status": "ok", "checks": checks})
+    # Like every other error body, problem details; `status` stays the HTTP status
+    # (RFC 9457), `checks` says which dependency failed.
+    failed = ", ".join(name for name, value in checks.items() if value != "ok")
+    return problem_response(
+        503,
+        "not_ready",
+        "Not ready",
+        f"Not ready to take traffic: {failed} unreachable.",
+        checks=checks,
     )
 
 

@@ -68,3 +68,10 @@ def test_health_and_readiness(client):
     ready = client.get("/readyz")
     assert ready.status_code == 200
     assert ready.json()["checks"]["database"] == "ok"
+
+
+def test_not_ready_is_a_problem_naming_the_failed_check(client, settings):
+    settings.REDIS_URL = "redis://127.0.0.1:1/0"  # nothing listens on port 1
+    body = assert_problem(client.get("/readyz"), 503, "not_ready")
+    assert body["checks"] == {"database": "ok", "redis": "error: unreachable"}
+    assert "redis" in body["detail"]
