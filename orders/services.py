@@ -145,12 +145,12 @@ def order_create(
     )
     if not insert_unless_exists(order, ("owner_id", "merchant_order_no")):
         raise DuplicateOrder(merchant_order_no=merchant_order_no)
-    if lines:
+    if items is not None:  # then `lines` has one or more
         with transaction.atomic(savepoint=False):
             for line in lines:
                 line.order = order
             OrderItem.objects.bulk_create(lines)
-            _order_take_stock(order, lines)
+            _order_take_stock(order, lines, items)
     # What the response shows, without asking the database again.
     order._prefetched_objects_cache = {"items": _known_items(order, lines)}  # type: ignore[attr-defined]
     return order
@@ -201,15 +201,18 @@ def _order_lines(
     return lines, amount, currencies.pop()
 
 
-def _order_take_stock(order: Order, lines: list[OrderItem]) -> None:
+def _order_take_stock(
+    order: Order, lines: list[OrderItem], requested: Sequence[ItemLine]
+) -> None:
     """Take each line's quantity from its product's stock, or refuse them all.
 
     Products are moved in id order, so two orders for the same products never wait
     for each other in a circle. Each take is a movement with a reference unique to
     (order, product) and a conditional decrement (`stock_move`). When a line is
-    short, the first short line in the order the caller named them is the one
-    `OutOfStock` names (the lines already taken are counted as still there: the
-    caller's rollback gives them back).
+    short, `OutOfStock` names the first line of `requested` (the lines as the caller
+    named them, before a repeated sku was added up) at which the quantity asked for
+    its sku so far exceeds the stock (the lines already taken are counted as still
+    there: the caller's rollback gives them back).
     """
     taken: dict[int, int] = {}
     for line in sorted(lines, key=lambda line: line.product_id):
@@ -229,10 +232,14 @@ def _order_take_stock(order: Order, lines: list[OrderItem]) -> None:
             "pk", "stock"
         )
     )
-    for line in lines:
+    by_sku = {line.sku: line for line in lines}
+    asked: dict[str, int] = {}
+    for sku, quantity in requested:
+        line = by_sku[sku]
+        asked[sku] = asked.get(sku, 0) + quantity
         stock = left[line.product_id] + taken.get(line.product_id, 0)
-        if stock < line.quantity:
-            raise OutOfStock(sku=line.sku, quantity=line.quantity, stock=stock)
+        if asked[sku] > stock:
+            raise OutOfStock(sku=sku, quantity=line.quantity, stock=stock)
     raise AssertionError("a line was short, then none was")  # pragma: no cover
 
 

@@ -152,6 +152,26 @@ def test_the_first_short_line_is_named_and_nothing_is_taken(alice):
     nothing_written()
 
 
+def test_the_short_line_is_named_in_request_order_not_merged_order(alice):
+    user, _, _ = alice
+    product("MUG", stock=5)
+    product("AUD-C", stock=2)
+    # MUG's lines add up to 6 > 5, but AUD-C (line 1) is short first
+    with pytest.raises(OutOfStock) as refused:
+        item_order(user, ("MUG", 1), ("AUD-C", 3), ("MUG", 5))
+    assert refused.value.extra == {"sku": "AUD-C"}
+    # MUG runs out at line 1 (3 + 3 > 5), before AUD-C's line 2 (3 > 2)
+    with pytest.raises(OutOfStock) as refused:
+        item_order(user, ("MUG", 3), ("MUG", 3), ("AUD-C", 3))
+    assert refused.value.extra == {"sku": "MUG"}
+    # AUD-C runs out only at its second line (1 + 2 > 2), after MUG's line 1 (6 > 5)
+    with pytest.raises(OutOfStock) as refused:
+        item_order(user, ("AUD-C", 1), ("MUG", 6), ("AUD-C", 2))
+    assert refused.value.extra == {"sku": "MUG"}
+    assert (stock_of("MUG"), stock_of("AUD-C")) == (5, 2)
+    nothing_written()
+
+
 def test_unknown_products_are_named(alice):
     user, _, _ = alice
     product("TEA")
@@ -336,6 +356,21 @@ def test_out_of_stock_over_the_api_is_stored_and_takes_nothing(alice):
     again = create(client, body, key)
     assert again["Idempotent-Replayed"] == "true"
     assert (stock_of("TEA"), stock_of("MUG")) == (1, 9)
+    nothing_written()
+
+
+def test_out_of_stock_over_the_api_names_the_first_short_line(alice):
+    _, client, _ = alice
+    product("AUD-C", stock=2)
+    product("MUG", stock=5)
+    lines = [("MUG", 1), ("AUD-C", 3), ("MUG", 5)]
+    body = {
+        "merchant_order_no": preorder(client),
+        "items": [{"sku": sku, "quantity": quantity} for sku, quantity in lines],
+    }
+    problem = assert_problem(create(client, body), 409, "out_of_stock")
+    assert problem["sku"] == "AUD-C"
+    assert (stock_of("AUD-C"), stock_of("MUG")) == (2, 5)
     nothing_written()
 
 
