@@ -28,8 +28,9 @@ def minor_units(major: Decimal) -> int:
 
 
 # Digits as a person types them: Python's own number parsing would also read
-# `1e5` (100000), `1_000`, `+5` and digits of other scripts.
-PLAIN_DECIMAL = re.compile(r"[0-9]+(?:\.[0-9]*)?|\.[0-9]+")
+# `1e5` (100000), `1_000`, `+5` and digits of other scripts. A minus sign is read, so
+# that `-5` gets the field's minimum-value refusal, as `0` does, not "enter a number".
+PLAIN_DECIMAL = re.compile(r"-?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)")
 # (`3.0` too: a browser's number box sends a whole number as it was typed.)
 PLAIN_INTEGER = re.compile(r"-?[0-9]+(?:\.0*)?")
 

@@ -161,6 +161,18 @@ def test_credit_refuses_bad_amounts_with_a_message(admin_client, amount):
     assert credits(wallet) == 0
 
 
+@pytest.mark.parametrize("amount", ["-5", "-12.50", "0"])
+def test_credit_below_the_minimum_says_so(admin_client, amount):
+    _, _, wallet = customer("alice")
+    token = token_of(open_action(admin_client, ACCOUNTS, "credit", [wallet.pk]))
+    response = credit(admin_client, wallet, token, amount=amount)
+    assert response.status_code == 400
+    assert response.context["form"].errors["amount"] == [
+        "Ensure this value is greater than or equal to 0.01."
+    ]
+    assert credits(wallet) == 0
+
+
 def test_credit_refuses_a_damaged_token(admin_client):
     _, _, wallet = customer("alice")
     response = credit(admin_client, wallet, "../../etc/passwd")

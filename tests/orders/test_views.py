@@ -171,6 +171,17 @@ def test_bad_amount_shows_the_form_again_with_the_same_token(client, shopper, am
     assert not Order.objects.exists()
 
 
+@pytest.mark.parametrize("amount", ["-5", "-0.5", "-.5", "0"])
+def test_an_amount_below_the_minimum_says_so(client, shopper, amount):
+    token = form_token(new_form(client))
+    response = client.post("/orders/new", {"token": token, "amount": amount})
+    assert response.status_code == 200
+    assert response.context["form"].errors["amount"] == [
+        "Ensure this value is greater than or equal to 0.01."
+    ]
+    assert not Order.objects.exists()
+
+
 def test_a_forged_or_expired_token_gets_a_fresh_form(client, shopper):
     user, _ = shopper
     other = customer("mallory")[0]
