@@ -1,8 +1,12 @@
 """RFC 9457 problem details: the one shape of every error body the app returns."""
 
 from typing import Any
+from urllib.parse import urlsplit
 
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
+from django.shortcuts import render
+from django.urls import reverse
+from django.utils.http import url_has_allowed_host_and_scheme
 from django.views import defaults
 from rest_framework import exceptions, status
 from rest_framework.response import Response
@@ -159,3 +163,39 @@ def bad_request(request: HttpRequest, exception: Exception) -> HttpResponse:
     if not _is_api(request):
         return defaults.bad_request(request, exception)
     return problem_response(status.HTTP_400_BAD_REQUEST, "bad_request", "Bad request")
+
+
+def csrf_failure(request: HttpRequest, reason: str = "") -> HttpResponse:
+    """CSRF_FAILURE_VIEW: a form posted from a page whose CSRF token is stale (the
+    session changed in another tab: a log-in or log-out) gets a 403 page in the
+    shop's layout that says so and links back to the page it came from (its
+    Referer when it is this site's, else home); an API path gets problem+json, the
+    answer DRF gives for a session request that fails the check."""
+    if _is_api(request):
+        return problem_response(
+            status.HTTP_403_FORBIDDEN,
+            "permission_denied",
+            "Permission denied",
+            f"CSRF Failed: {reason}" if reason else "CSRF Failed.",
+        )
+    back = _same_site_referer(request)
+    return render(
+        request,
+        "csrf_failure.html",
+        {"back": back or reverse("home"), "came_from_page": bool(back)},
+        status=status.HTTP_403_FORBIDDEN,
+    )
+
+
+def _same_site_referer(request: HttpRequest) -> str | None:
+    """The path (and query) of the request's Referer if it is a page of this site."""
+    referer = request.headers.get("Referer", "")
+    if not referer or not url_has_allowed_host_and_scheme(
+        referer, allowed_hosts={request.get_host()}, require_https=request.is_secure()
+    ):
+        return None
+    parts = urlsplit(referer)
+    if not parts.netloc:  # only an absolute URL names its origin
+        return None
+    path = parts.path or "/"
+    return f"{path}?{parts.query}" if parts.query else path

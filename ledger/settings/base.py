@@ -50,6 +50,8 @@ ALLOWED_HOSTS = env(
     "DJANGO_ALLOWED_HOSTS", "127.0.0.1,localhost,[::1],testserver"
 ).split(",")
 CSRF_TRUSTED_ORIGINS = [o for o in env("DJANGO_CSRF_TRUSTED_ORIGINS").split(",") if o]
+# A stale form gets a page in the shop's layout (an API path: problem+json).
+CSRF_FAILURE_VIEW = "ledger.problems.csrf_failure"
 
 INSTALLED_APPS = [
     "ledger.apps.AdminConfig",  # Django's admin on the back office's site

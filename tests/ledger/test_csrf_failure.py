@@ -1,0 +1,95 @@
+"""A form posted with a stale CSRF token (the session changed in another tab) gets a
+403 page in the shop's layout linking back to where it came from; an API path gets
+problem+json."""
+
+import json
+import re
+
+import pytest
+from django.test import Client, RequestFactory
+
+from ledger.problems import csrf_failure
+from tests.helpers import customer
+
+pytestmark = pytest.mark.django_db
+
+PASSWORD = "s3cret-pass-1"
+
+
+@pytest.fixture
+def browser() -> Client:
+    user, _, _ = customer("bob")
+    user.set_password(PASSWORD)
+    user.save()
+    return Client(enforce_csrf_checks=True)
+
+
+def csrf_of(page) -> str:
+    match = re.search(rb'name="csrfmiddlewaretoken" value="([^"]+)"', page.content)
+    assert match, page.content[:2000]
+    return match.group(1).decode()
+
+
+def log_in(browser: Client, token: str, **headers):
+    return browser.post(
+        "/login",
+        {"username": "bob", "password": PASSWORD, "csrfmiddlewaretoken": token},
+        headers=headers,
+    )
+
+
+def test_a_stale_tab_gets_a_page_out_of_date_linking_back(browser):
+    stale = csrf_of(browser.get("/login"))
+    # Another tab logs in: Django rotates the CSRF token, the first tab keeps the old
+    assert log_in(browser, csrf_of(browser.get("/login"))).status_code == 302
+    response = log_in(browser, stale, Referer="http://testserver/login?next=/orders")
+    assert response.status_code == 403
+    assert response["Content-Type"].startswith("text/html")
+    assert [t.name for t in response.templates][:2] == [
+        "csrf_failure.html",
+        "base.html",
+    ]
+    html = response.content.decode()
+    assert "Page out of date" in html
+    assert 'class="topbar"' in html  # the shop's layout
+    assert 'href="/login?next=/orders">Back to the page</a>' in html
+    assert "CSRF verification failed" not in html
+
+
+@pytest.mark.parametrize(
+    "referer", [None, "https://evil.example/login", "//evil.example/x", "javascript:x"]
+)
+def test_without_a_referer_of_ours_the_link_goes_home(browser, referer):
+    headers = {"Referer": referer} if referer else {}
+    response = log_in(browser, "x" * 32, **headers)
+    assert response.status_code == 403
+    html = response.content.decode()
+    assert 'href="/">Go to the shop</a>' in html
+    assert "evil" not in html and "javascript" not in html
+
+
+def test_the_admin_gets_the_same_page(browser):
+    browser.get("/admin/login/")
+    response = browser.post("/admin/login/", {"username": "bob", "password": PASSWORD})
+    assert response.status_code == 403
+    assert "Page out of date" in response.content.decode()
+
+
+def test_the_page_is_translated(browser):
+    response = log_in(browser, "x" * 32, **{"Accept-Language": "zh-hans"})
+    assert response.status_code == 403
+    assert "页面已过期" in response.content.decode()
+
+
+def test_an_api_path_gets_problem_details():
+    request = RequestFactory().post("/api/v1/orders")
+    response = csrf_failure(request, reason="CSRF token missing.")
+    assert response.status_code == 403
+    assert response["Content-Type"] == "application/problem+json"
+    assert json.loads(response.content) == {
+        "type": "/problems/permission_denied",
+        "title": "Permission denied",
+        "status": 403,
+        "detail": "CSRF Failed: CSRF token missing.",
+        "code": "permission_denied",
+    }
