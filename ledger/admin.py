@@ -5,13 +5,17 @@ from django import forms
 from django.contrib import admin, messages
 from django.db import transaction
 from django.db.models import Q, QuerySet, Sum
+from django.db.models.constants import LOOKUP_SEP
 from django.http import HttpRequest, HttpResponse
 from django.utils.translation import gettext
 from django.utils.translation import gettext_lazy as _
+from rest_framework.authtoken.admin import TokenAdmin as DRFTokenAdmin
+from rest_framework.authtoken.models import TokenProxy
 
 from idempotency.exceptions import IdempotencyKeyInFlight, IdempotencyKeyReused
 
 from . import services
+from .auth import token_prefix
 from .backoffice import (
     ActionForm,
     BackofficeMixin,
@@ -526,3 +530,29 @@ class HoldAdmin(ReadOnlyAdmin):
     amount_money = money_column(
         "amount", _("amount"), currency=lambda hold: hold.account.currency
     )
+
+
+admin.site.unregister(TokenProxy)
+
+
+@admin.register(TokenProxy)
+class TokenAdmin(DRFTokenAdmin):
+    """DRF's token admin, with the key shown only by its prefix (as `str()` names
+    a token, see `ledger.apps`) and never usable as a filter: `?key__startswith=a`
+    (or `pk`, which is the key) would find it out a character at a time. Deleting
+    a token still revokes it (`idempotency.signals`)."""
+
+    list_display = ("key_prefix", "user", "created")
+    readonly_fields = ("key_prefix", "created")
+
+    def get_fields(self, request: HttpRequest, obj: Any = None) -> tuple[str, ...]:
+        return ("user",) if obj is None else ("key_prefix", "user", "created")
+
+    @admin.display(description=_("key"))
+    def key_prefix(self, token: TokenProxy) -> str:
+        return token_prefix(token.key)
+
+    def lookup_allowed(self, lookup: str, value: str, request: Any = None) -> bool:
+        if lookup.split(LOOKUP_SEP)[0] in ("key", "pk"):
+            return False
+        return super().lookup_allowed(lookup, value, request)
