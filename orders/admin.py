@@ -1,4 +1,5 @@
 from typing import Any
+from urllib.parse import urlencode
 
 from django import forms
 from django.contrib import admin, messages
@@ -12,7 +13,13 @@ from django.utils.html import format_html
 from django.utils.translation import gettext, ngettext
 from django.utils.translation import gettext_lazy as _
 
-from ledger.backoffice import ActionForm, money_column, one_time_token
+from ledger.backoffice import (
+    ActionForm,
+    HttpResponseSeeOther,
+    money_column,
+    one_time_token,
+    token_issued,
+)
 from ledger.currencies import SUPPORTED_CURRENCIES
 from ledger.exceptions import DomainError
 from ledger.forms import MoneyField, PlainIntegerField, major_units, minor_units
@@ -195,8 +202,9 @@ def _staff_note(request: HttpRequest, note: str) -> str:
 
 
 class StockAdjustForm(ActionForm):
-    # Its one-time token, made when the form is shown, becomes the movement's
-    # reference, so a second click (or a resubmitted page) moves nothing.
+    # Its one-time token, made when the form is first shown and kept in the page's
+    # address, becomes the movement's reference, so a second click (or the page
+    # resubmitted, after Back too) moves nothing.
     quantity = PlainIntegerField(
         label=_("Units to add (negative to remove)"),
         min_value=-MAX_STOCK_MOVE,
@@ -276,7 +284,13 @@ class ProductAdmin(admin.ModelAdmin):
         return [adjust, *super().get_urls()]
 
     def adjust_stock_view(self, request: HttpRequest, product_id: int) -> HttpResponse:
-        """Add or remove units through `stock_adjust`, once per shown form."""
+        """Add or remove units through `stock_adjust`, once per shown form.
+
+        As the back office's action pages (`ledger.backoffice`): the product page's
+        button leads here without a token, which answers 303 to this page's address
+        with a fresh one (`?token=...`); the page shows the token its address names,
+        so reloading it or coming back to it with Back shows the same form, and
+        submitting it again is the same adjustment, made once."""
         product = get_object_or_404(Product, pk=product_id)
         if not self.has_change_permission(request, product):
             return HttpResponse(status=403)
@@ -317,7 +331,11 @@ class ProductAdmin(admin.ModelAdmin):
                         )
                     return HttpResponseRedirect(change_url)
         else:
-            form = StockAdjustForm(initial={"token": one_time_token()})
+            token = request.GET.get("token", "")
+            if not token_issued(token):  # none yet, or one the server never issued
+                query = urlencode({"token": one_time_token()})
+                return HttpResponseSeeOther(f"{request.path}?{query}")
+            form = StockAdjustForm(initial={"token": token})
         context = {
             **self.admin_site.each_context(request),
             "opts": self.model._meta,
@@ -329,6 +347,8 @@ class ProductAdmin(admin.ModelAdmin):
         template = "admin/orders/product/adjust_stock.html"
         # Refused input answers 400, as every back-office form that takes input.
         status = 400 if form.is_bound else 200
+        # (Served no-store, as every admin view: Back asks for the page again, at the
+        # address that names its token.)
         return TemplateResponse(request, template, context, status=status)
 
 

@@ -83,7 +83,7 @@ def test_products_are_listed_with_stock_that_only_movements_change(staff):
     assert staff.get("/admin/orders/stockmovement/").status_code == 200
 
     url = f"/admin/orders/product/{tea.pk}/adjust-stock/"
-    token = staff.get(url).context["form"].initial["token"]
+    token = staff.get(url, follow=True).context["form"].initial["token"]
     form = {"token": str(token), "quantity": "-2", "note": "broken in the warehouse"}
     first = staff.post(url, form)
     again = staff.post(url, form)  # the second click
@@ -93,7 +93,7 @@ def test_products_are_listed_with_stock_that_only_movements_change(staff):
     assert StockMovement.objects.filter(kind="adjustment").count() == 1
     # more than there is, or 0, or a token that is not one, or one the server did
     # not issue (a second adjustment, under a token made up): refused, nothing moves
-    fresh = staff.get(url).context["form"].initial["token"]
+    fresh = staff.get(url, follow=True).context["form"].initial["token"]
     for bad in (
         {**form, "token": fresh, "quantity": "-4"},
         {**form, "token": fresh, "quantity": "0"},
@@ -136,12 +136,60 @@ def test_a_stock_adjustment_by_a_long_named_staff_member_keeps_the_reason(client
     client.force_login(staffer)
     tea, _ = product_get_or_create(sku="TEA", name="Tea", price=100, currency="CNY")
     url = f"/admin/orders/product/{tea.pk}/adjust-stock/"
-    token = client.get(url).context["form"].initial["token"]
+    token = client.get(url, follow=True).context["form"].initial["token"]
     reason = "r" * 200  # as long as the form takes
     answer = client.post(url, {"token": str(token), "quantity": "3", "note": reason})
     assert answer.status_code == 302  # (a 500 before: the note overflowed its column)
     note = StockMovement.objects.get(kind="adjustment").note
     assert note.endswith(f": {reason}") and note.startswith("s")
+
+
+def adjust_page(client, url: str):
+    """Open Adjust stock as the product page's button does (following where it
+    leads); return the page and the address the browser then shows."""
+    page = client.get(url, follow=True)
+    assert page.status_code == 200
+    shown = page.redirect_chain[-1][0] if page.redirect_chain else url
+    return page, shown
+
+
+def test_an_adjustment_resubmitted_after_back_is_applied_once(staff):
+    from orders.models import Product, StockMovement
+    from orders.services import product_get_or_create, stock_top_up
+
+    tea, _ = product_get_or_create(sku="TEA", name="Tea", price=100, currency="CNY")
+    stock_top_up(product_id=tea.pk, at_least=5)
+    url = f"/admin/orders/product/{tea.pk}/adjust-stock/"
+    page, shown = adjust_page(staff, url)
+    token = page.context["form"].initial["token"]
+    form = {"token": token, "quantity": "5", "note": "delivery"}
+    assert staff.post(shown, form).status_code == 302
+    # Back: the browser asks for the page at the address it showed, and submits it
+    back = staff.get(shown)
+    assert back.status_code == 200
+    assert back.context["form"].initial["token"] == token
+    form["token"] = back.context["form"].initial["token"]
+    again = staff.post(shown, form, follow=True)
+    assert "This adjustment was already made; nothing changed." in [
+        str(m) for m in again.context["messages"]
+    ]
+    assert Product.objects.get(pk=tea.pk).stock == 10  # 5 + 5, once
+    assert StockMovement.objects.filter(kind="adjustment").count() == 1
+    # The product page's button starts another adjustment, under another token
+    other, _ = adjust_page(staff, url)
+    assert other.context["form"].initial["token"] != token
+
+
+def test_an_adjust_stock_address_with_a_damaged_token_gets_a_fresh_one(staff):
+    from orders.services import product_get_or_create
+
+    tea, _ = product_get_or_create(sku="TEA", name="Tea", price=100, currency="CNY")
+    url = f"/admin/orders/product/{tea.pk}/adjust-stock/"
+    for token in ("not-a-token", "0" * 32):
+        response = staff.get(f"{url}?token={token}")
+        assert response.status_code == 303
+        assert response["Location"].startswith(f"{url}?token=")
+        assert token not in response["Location"]
 
 
 def test_staff_type_prices_as_the_shop_shows_them(staff):
