@@ -90,9 +90,9 @@ def test_pay_with_balance(alice):
     # token, BEGIN, key lookup, the order (owner check), then in the engine's own
     # transaction (no savepoint: nothing rolls back to one): lock the order, wallet,
     # merchant, payment, the entry, two balances and the postings; payment and order
-    # updates; is a provider payment of the order pending (its charge is then
-    # cancelled); key record, COMMIT
-    assert_statements(17, 201, lambda: post(client, path, pay, new_key()))
+    # updates; its shipment (INSERT ... ON CONFLICT DO NOTHING); is a provider payment
+    # of the order pending (its charge is then cancelled); key record, COMMIT
+    assert_statements(18, 201, lambda: post(client, path, pay, new_key()))
 
 
 def test_cancel(alice):
@@ -173,7 +173,7 @@ def test_web_pay_button(alice, client):
     url = f"/orders/{place_order(user).merchant_order_no}/pay"
     # session, user, the order, then `payment_pay_with_balance` as in the API, in the
     # view's own durable transaction (a savepoint and its release here, see above)
-    assert_statements(16, 303, lambda: client.post(url))
+    assert_statements(17, 303, lambda: client.post(url))
 
 
 @pytest.fixture
@@ -229,5 +229,5 @@ def test_capture(alice):
     # (found through the payment), lock the payment with its hold, merchant, the hold
     # closed (UPDATE ... WHERE status = 'active' RETURNING), the entry, two balances
     # (the wallet's UPDATE also lowers `held`) and the postings; payment and order
-    # updates; key record, COMMIT. No more than a balance payment (17).
-    assert_statements(16, 200, lambda: post(client, path, {}, new_key()))
+    # updates; its shipment; key record, COMMIT. No more than a balance payment (18).
+    assert_statements(17, 200, lambda: post(client, path, {}, new_key()))
