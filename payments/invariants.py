@@ -110,13 +110,18 @@ def provider_events_parked() -> list[str]:
 
 @warning_check
 def refunds_not_returned() -> list[str]:
-    """Refunds of provider payments the provider has not given back to the payer ten
-    minutes after they were made (beat asks again every minute): the provider is
-    down, or refuses (the charge was never paid there). The ledger holds the money
-    as gone out; the payer does not have it yet."""
+    """Refunds of provider payments the provider has not given back to the payer:
+    refused (the charge was never collected there), or still pending ten minutes
+    after they were made (beat asks again every minute: the provider is down). The
+    ledger holds the money as gone out; the payer does not have it."""
+    from .models import Refund
     from .services import refunds_to_return
 
+    refused = Refund.objects.filter(at_provider=Refund.AtProvider.REFUSED)
     return [
+        f"refund {refund_id} refused by the provider"
+        for refund_id in refused.order_by("pk").values_list("pk", flat=True)
+    ] + [
         f"refund {refund_id} not yet returned by the provider"
         for refund_id in refunds_to_return(older_than_seconds=600)
     ]

@@ -179,16 +179,21 @@ class Refund(models.Model):
         NONE = "", _("Not a provider payment")
         PENDING = "pending", _("To be returned by the provider")
         RETURNED = "returned", _("Returned by the provider")
+        REFUSED = "refused", _("Refused by the provider")
 
     # A provider payment's money goes back to the payer through the provider: the
     # refund commits `pending` and a task asks the provider (outside any
     # transaction; the provider refunds a charge once however often it is asked),
-    # then marks it `returned`. Beat sends the task again for one still pending.
+    # then marks it `returned`, or `refused` if the provider says it cannot (an
+    # operator's case, named by `check_ledger`). Beat sends the task again for one
+    # still pending. The column's default is the database's too, so a process of the
+    # release before it (a rolling deploy) can still insert refunds.
     at_provider = models.CharField(
         _("at the provider"),
         max_length=16,
         choices=AtProvider.choices,
         default=AtProvider.NONE,
+        db_default=AtProvider.NONE,
         blank=True,
     )
     returned_at = models.DateTimeField(_("returned"), null=True, blank=True)

@@ -18,7 +18,7 @@ class ProviderCharge:
     txn_id: str
     merchant_order_no: str
     amount: int
-    status: str  # PENDING / SUCCESS / FAILED / CANCELLED
+    status: str  # PENDING / SUCCESS / FAILED / CANCELLED / REFUNDED
     pay_url: str
 
 

@@ -503,17 +503,21 @@ def refund_return_at_provider(*, refund_id: int) -> bool:
     update of a pending refund. A task killed between the two is delivered again (or
     beat sends it again) and asks again. A provider that does not answer raises
     `ProviderUnavailable` (the task retries); one that refuses (the charge was never
-    paid there) `ProviderRefused`: the refund stays pending, and `check_ledger`
-    names it for an operator.
+    paid there) marks it `refused`: asking again would not change the answer, and
+    `check_ledger` names it for an operator.
     """
     refund = Refund.objects.select_related("payment__order").get(pk=refund_id)
     if refund.at_provider != Refund.AtProvider.PENDING:
         return False
-    provider_charge_refund(merchant_order_no=refund.payment.order.merchant_order_no)
+    pending = Refund.objects.filter(pk=refund_id, at_provider=Refund.AtProvider.PENDING)
+    try:
+        provider_charge_refund(merchant_order_no=refund.payment.order.merchant_order_no)
+    except ProviderRefused as refused:
+        logger.error("the provider refused refund %s: %s", refund_id, refused)
+        pending.update(at_provider=Refund.AtProvider.REFUSED)
+        return False
     return bool(
-        Refund.objects.filter(
-            pk=refund_id, at_provider=Refund.AtProvider.PENDING
-        ).update(at_provider=Refund.AtProvider.RETURNED, returned_at=Now())
+        pending.update(at_provider=Refund.AtProvider.RETURNED, returned_at=Now())
     )
 
 

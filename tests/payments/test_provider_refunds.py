@@ -19,7 +19,7 @@ from django.utils import timezone
 from ledger.invariants import ledger_report
 from ledger.services import external_account, merchant_account
 from orders.services import order_cancel
-from payments.exceptions import ProviderRefused, ProviderUnavailable
+from payments.exceptions import ProviderUnavailable
 from payments.models import Payment, ProviderEvent, Refund
 from payments.provider.models import Charge, Notification
 from payments.provider.services import notification_deliver
@@ -149,25 +149,29 @@ def test_a_late_success_for_a_cancelled_order_goes_back_to_the_payer(callbacks):
     assert_returned_once(made, Charge.objects.get())
 
 
-def test_a_refund_the_provider_refuses_stays_pending_and_is_named(callbacks):
+def test_a_refund_the_provider_refuses_is_named_for_an_operator(callbacks):
     """A charge the provider never collected cannot be refunded there: the refund
-    stays pending (asked again each minute), and after ten minutes `check_ledger`
-    names it for an operator, without failing."""
+    is marked refused (asking again would not change the answer) and `check_ledger`
+    names it, without failing. One the provider has not answered for ten minutes
+    is named too."""
     user, api, _ = customer("eve")
     started, charge = paid_through_the_provider(api, user, 500)
     Charge.objects.filter(pk=charge.pk).update(status=Charge.Status.FAILED)
     made = refund(api, started["id"])
-    with pytest.raises(ProviderRefused):
-        refund_return_at_provider_task(made.pk)
+    assert refund_return_at_provider_task(made.pk) is False
     made.refresh_from_db()
-    assert made.at_provider == Refund.AtProvider.PENDING
-    assert ledger_report()["warnings"] == []
-    Refund.objects.filter(pk=made.pk).update(
-        created_at=timezone.now() - timedelta(minutes=11)
-    )
+    assert made.at_provider == Refund.AtProvider.REFUSED
+    assert refunds_to_return(older_than_seconds=0) == []  # not sent again
     report = ledger_report()
     assert report["ok"]
-    assert report["warnings"] == [f"refund {made.pk} not yet returned by the provider"]
+    assert report["warnings"] == [f"refund {made.pk} refused by the provider"]
+    Refund.objects.filter(pk=made.pk).update(
+        at_provider=Refund.AtProvider.PENDING,
+        created_at=timezone.now() - timedelta(minutes=11),
+    )
+    assert ledger_report()["warnings"] == [
+        f"refund {made.pk} not yet returned by the provider"
+    ]
 
 
 def test_a_wallet_payment_refund_asks_no_provider(callbacks):
