@@ -35,11 +35,12 @@ class ProtectedStateMixin(models.Model):
         fields: Any = None,
         from_queryset: Any = None,
     ) -> None:
-        reloaded = self._held_protected_states()
-        if fields is not None:
-            fields = set(fields)
-            reloaded &= fields
-        held = {name: self.__dict__.pop(name) for name in reloaded}
+        held_names = self._held_protected_states()
+        asked = held_names if fields is None else held_names & set(fields)
+        # Every held state is set aside, asked for or not: Django may copy one it was
+        # not asked for (the row it loads reads its state as it is built), and the
+        # field would refuse it. One not asked for gets what it held back.
+        held = {name: self.__dict__.pop(name) for name in held_names}
         # Set aside, the states would look deferred: not deferred, only reloading.
         self._reloading_states = frozenset(held)
         try:
@@ -53,7 +54,9 @@ class ProtectedStateMixin(models.Model):
             raise
         finally:
             del self._reloading_states
-        if isinstance(self, ConcurrentTransitionMixin):
+        for name in held_names - asked:
+            self.__dict__[name] = held[name]
+        if asked and isinstance(self, ConcurrentTransitionMixin):
             # Its next save is conditional on the state just read, not the old one.
             self._update_initial_state()
 

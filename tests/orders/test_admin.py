@@ -364,6 +364,28 @@ def test_a_refreshed_order_reads_its_new_status_and_stays_protected():
     assert gone.status == Order.Status.PENDING_PAYMENT  # what it held: the row is gone
 
 
+def test_a_refresh_of_other_fields_keeps_the_status_it_holds():
+    """Refreshing some fields, or loading a deferred one, reads those only: the
+    status held stays what it was (and the next save is conditional on it)."""
+    user, _, _ = customer("alice", balance=10_000)
+    order = place_order(user, description="Tea")
+    held = Order.objects.get(pk=order.pk)
+    partial = Order.objects.only("id", "status").get(pk=order.pk)
+    payment_pay_with_balance(order_id=order.pk)
+    Order.objects.filter(pk=order.pk).update(description="Green tea")
+    held.refresh_from_db(fields=["description"])
+    assert (held.description, held.status) == (
+        "Green tea",
+        Order.Status.PENDING_PAYMENT,
+    )
+    assert partial.description == "Green tea"  # a deferred field loads
+    assert partial.status == Order.Status.PENDING_PAYMENT
+    held.refresh_from_db(fields=["status", "description"])
+    assert held.status == Order.Status.PAID
+    with pytest.raises(AttributeError, match="Direct status modification"):
+        held.status = Order.Status.CANCELLED
+
+
 def test_staff_who_may_only_look_at_orders_can_press_nothing(client):
     """Cancel, ship and complete change the order (a cancel of an authorized one
     releases its hold): staff with only "view order" are offered none of them, and
