@@ -22,7 +22,6 @@ separately. A single Redis keeps the one-trip scripts.
 import contextlib
 import hashlib
 import logging
-import os
 import secrets
 import time
 from dataclasses import dataclass
@@ -115,24 +114,23 @@ def _database_tag() -> str:
     database dropped and created again, restored from a dump into a new one, or
     another deployment's pointed at the same Redis) must not replay its responses
     for effects the database in use never had. Every name below starts with this
-    tag, so such entries are simply never found, and expire. On PostgreSQL it is
-    the cluster's system identifier and the database's oid, both new for a new
-    database; a SQLite file, its device and inode. (A physical copy of a
-    PostgreSQL cluster, a replica promoted or a point-in-time recovery, keeps both:
-    after one, empty Redis, README "Redis".) Asked once per process.
+    tag, so such entries are simply never found, and expire. The tag is when the
+    database was migrated first (the oldest row of `django_migrations`, to the
+    microsecond: new for every database made, the same for every process that
+    serves one, whatever name or address it reaches it by) and, on PostgreSQL, the
+    database's oid (new for a dump restored into a new database). A physical copy
+    of a PostgreSQL cluster (a replica promoted, a point-in-time recovery) keeps
+    both: after one, empty Redis (README "Idempotent writes"). Two plain reads,
+    once per process.
     """
-    facts = [connection.vendor, str(connection.settings_dict["NAME"])]
-    if connection.vendor == "postgresql":
-        with connection.cursor() as cursor:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT MIN(applied) FROM django_migrations")
+        facts = [str(cursor.fetchone()[0])]
+        if connection.vendor == "postgresql":
             cursor.execute(
-                "SELECT (SELECT system_identifier FROM pg_control_system()), oid "
-                "FROM pg_database WHERE datname = current_database()"
+                "SELECT oid FROM pg_database WHERE datname = current_database()"
             )
-            facts += [str(fact) for fact in cursor.fetchone()]
-    else:
-        with contextlib.suppress(OSError, TypeError):
-            file = os.stat(connection.settings_dict["NAME"])
-            facts += [str(file.st_dev), str(file.st_ino)]
+            facts.append(str(cursor.fetchone()[0]))
     return hashlib.sha256("|".join(facts).encode()).hexdigest()[:12]
 
 

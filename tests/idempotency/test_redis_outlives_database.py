@@ -1,9 +1,9 @@
 """A Redis that outlives its database replays nothing of it.
 
-The database is dropped and created again (or restored into a new one) while Redis
-keeps its cached responses: a customer of the new database with the same id, sending
-the key the old one used, must have the write executed, not be answered with the old
-database's response for an effect this one never had.
+The database is dropped and created again, under the same name, while Redis keeps
+its cached responses: a customer of the new database with the same id and name,
+sending the key the old one used, must have the write executed, not be answered
+with the old database's response for an effect this one never had.
 """
 
 import json
@@ -15,7 +15,7 @@ import psycopg
 import pytest
 from django.db import connection
 
-from tests.helpers import customer, new_key
+from tests.helpers import new_key
 from tests.servers import ROOT, gunicorn
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
@@ -36,48 +36,54 @@ def manage(url: str, *args: str) -> str:
     return done.stdout
 
 
-def test_a_new_database_behind_the_same_redis_executes_the_old_key(
+def database(server: str, name: str) -> str:
+    """A database `name` made afresh (dropped first) and migrated, with alice (1,000
+    in her wallet, user id 1) and bob: alice's token."""
+    with psycopg.connect(f"{server}/postgres", autocommit=True) as admin:
+        admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+        admin.execute(f"CREATE DATABASE {name}")
+    url = f"{server}/{name}"
+    manage(url, "migrate", "--noinput", "-v0")
+    made = json.loads(manage(url, "create_customer", "alice", "--balance", "1000"))
+    manage(url, "create_customer", "bob")
+    return made["token"]
+
+
+def test_a_database_made_again_behind_the_same_redis_executes_the_old_key(
     on_postgres, tmp_path
 ):
-    alice, api, _ = customer("alice", balance=1000)
-    customer("bob")
-    key = new_key()
-    headers = {"Idempotency-Key": key}
-    first = api.post("/api/v1/transfers", BODY, format="json", headers=headers)
-    assert first.status_code == 201, first.content
-    again = api.post("/api/v1/transfers", BODY, format="json", headers=headers)
-    assert again["Idempotent-Replayed"] == "true"  # cached in Redis now
-
+    """The same name, the same customer id, the same key: a database made again."""
     db = connection.settings_dict
     server = f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}"
-    fresh = f"{db['NAME']}_again"
-    with psycopg.connect(f"{server}/postgres", autocommit=True) as admin:
-        admin.execute(f"DROP DATABASE IF EXISTS {fresh} WITH (FORCE)")
-        admin.execute(f"CREATE DATABASE {fresh}")
-    url = f"{server}/{fresh}"
+    name = f"{db['NAME']}_again"
+    url = f"{server}/{name}"
+    key = new_key()
+
+    def transfer(web: str, token: str) -> httpx.Response:
+        return httpx.post(
+            f"{web}/api/v1/transfers",
+            json=BODY,
+            headers={"Idempotency-Key": key, "Authorization": f"Token {token}"},
+        )
+
+    def balance(web: str, token: str) -> int:
+        mine = httpx.get(
+            f"{web}/api/v1/accounts/me", headers={"Authorization": f"Token {token}"}
+        )
+        return mine.json()["balance"]
+
     try:
-        manage(url, "migrate", "--noinput", "-v0")
-        with psycopg.connect(url, autocommit=True) as conn:  # alice's id again
-            conn.execute(f"ALTER SEQUENCE auth_user_id_seq RESTART WITH {alice.pk}")
-        made = json.loads(manage(url, "create_customer", "alice", "--balance", "1000"))
-        manage(url, "create_customer", "bob")
-        with psycopg.connect(url) as conn:
-            assert conn.execute(
-                "SELECT id FROM auth_user WHERE username = 'alice'"
-            ).fetchone() == (alice.pk,)
+        token = database(server, name)
         with gunicorn(tmp_path, "ledger.settings.test", DATABASE_URL=url) as (web, _):
-            answer = httpx.post(
-                f"{web}/api/v1/transfers",
-                json=BODY,
-                headers={**headers, "Authorization": f"Token {made['token']}"},
-            )
+            assert transfer(web, token).status_code == 201
+            again = transfer(web, token)
+            assert again.headers["Idempotent-Replayed"] == "true"  # Redis has it
+        token = database(server, name)  # dropped and made again
+        with gunicorn(tmp_path, "ledger.settings.test", DATABASE_URL=url) as (web, _):
+            answer = transfer(web, token)
             assert answer.status_code == 201, answer.text
             assert "Idempotent-Replayed" not in answer.headers
-            mine = httpx.get(
-                f"{web}/api/v1/accounts/me",
-                headers={"Authorization": f"Token {made['token']}"},
-            )
-            assert mine.json()["balance"] == 993  # executed, in this database
+            assert balance(web, token) == 993  # executed, in this database
     finally:
         with psycopg.connect(f"{server}/postgres", autocommit=True) as admin:
-            admin.execute(f"DROP DATABASE IF EXISTS {fresh} WITH (FORCE)")
+            admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
