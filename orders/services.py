@@ -223,6 +223,7 @@ def _order_take_stock(
             StockMovement.Kind.ORDER,
         )
         if moved is None:
+            short = line
             break
         taken[line.product_id] = line.quantity
     else:
@@ -240,7 +241,10 @@ def _order_take_stock(
         stock = left[line.product_id] + taken.get(line.product_id, 0)
         if asked[sku] > stock:
             raise OutOfStock(sku=sku, quantity=line.quantity, stock=stock)
-    raise AssertionError("a line was short, then none was")  # pragma: no cover
+    # Restocked between the take that failed and this read: that line was short.
+    raise OutOfStock(
+        sku=short.sku, quantity=short.quantity, stock=left[short.product_id]
+    )
 
 
 def _order_transition(
@@ -268,11 +272,12 @@ def _order_transition(
             )
         if before is not None:
             before(order)
+        changed = refusal(order)  # (named by the status read, not the one moved to)
         move()
         try:
             order.save(update_fields=["status", "updated_at"])
         except ConcurrentTransition:
-            raise refusal(order)(
+            raise changed(
                 f"Order {order.merchant_order_no} changed while we moved it; "
                 "read it again."
             ) from None

@@ -172,6 +172,27 @@ def test_the_short_line_is_named_in_request_order_not_merged_order(alice):
     nothing_written()
 
 
+def test_a_line_short_when_taken_is_named_though_restocked_since(alice, monkeypatch):
+    """Stock comes back (a cancel, a top-up) between the take that found a line
+    short and the read that names it: that line is named, never a 500."""
+    from orders import services
+
+    user, _, _ = alice
+    product("MUG", stock=5)
+    product("TEA", stock=5)
+    take = services._stock_apply
+
+    def restocked_after_a_short_take(product_id, quantity, *args):
+        if Product.objects.get(pk=product_id).sku == "TEA":
+            return None  # short as it was taken; restocked by the time it is read
+        return take(product_id, quantity, *args)
+
+    monkeypatch.setattr(services, "_stock_apply", restocked_after_a_short_take)
+    with pytest.raises(OutOfStock) as refused:
+        item_order(user, ("MUG", 1), ("TEA", 2))
+    assert refused.value.extra == {"sku": "TEA"}
+
+
 def test_unknown_products_are_named(alice):
     user, _, _ = alice
     product("TEA")
