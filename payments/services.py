@@ -139,8 +139,7 @@ def payment_pay_with_balance(*, order_id: int) -> Payment:
         if not order_mark_paid(order_id=order.pk):  # pragma: no cover - row is locked
             raise OrderAlreadyPaid()
         shipment_create(order_id=order.pk)
-        if _pending_provider_payments(order.pk).exists():
-            enqueue_on_commit(CANCEL_OPEN_CHARGES, order.pk)
+        payment_cancel_open_charges_later([order.pk])
     return payment
 
 
@@ -186,8 +185,7 @@ def payment_authorize_with_balance(*, order_id: int, hold_seconds: int) -> Payme
         )
         if not order_mark_authorized(order_id=order.pk):  # pragma: no cover - locked
             raise OrderAlreadyPaid()
-        if _pending_provider_payments(order.pk).exists():
-            enqueue_on_commit(CANCEL_OPEN_CHARGES, order.pk)
+        payment_cancel_open_charges_later([order.pk])
     return payment
 
 
@@ -349,8 +347,9 @@ def payment_cancel_open_charges_later(order_ids: list[int]) -> None:
     provider payment still open is cancelled at the provider once the cancel
     commits, so the payer can no longer pay a cancelled order on the pay page
     (the money would come, and go back as a refund). Whoever cancelled it: the
-    caller, staff, or the expiry of an unpaid order or of its hold. One query for
-    however many orders a batch of the expiry cancelled."""
+    caller, staff, or the expiry of an unpaid order or of its hold; and when an
+    order was paid, or authorized, from the wallet. One query for however many
+    orders a batch of the expiry cancelled."""
     open_ = _pending_provider_payments(*order_ids).values_list("order_id", flat=True)
     for order_id in sorted(set(open_)):
         enqueue_on_commit(CANCEL_OPEN_CHARGES, order_id)
