@@ -94,3 +94,11 @@ class OrderForm(forms.Form):
 
     def amount_minor_units(self) -> int:
         return minor_units(self.cleaned_data["amount"])
+
+    def contents(self, currency: str) -> tuple[object, ...]:
+        """What this valid form orders, to compare with `order_contents()`."""
+        lines = sorted(self.items())
+        description = self.cleaned_data["description"]
+        if lines:
+            return ("items", tuple(lines), description)
+        return ("amount", self.amount_minor_units(), currency, description)

@@ -27,6 +27,15 @@ def order_find(*, owner: AbstractBaseUser, merchant_order_no: str) -> Order | No
     ).first()
 
 
+def order_contents(order: Order) -> tuple[object, ...]:
+    """What `order` was placed for, to compare with `OrderForm.contents()`: its lines
+    (sku, quantity) or its free amount, and its description."""
+    lines = sorted((item.sku, item.quantity) for item in order.items.all())
+    if lines:
+        return ("items", tuple(lines), order.description)
+    return ("amount", order.amount, order.currency, order.description)
+
+
 def preorder_find(*, owner: User, merchant_order_no: str) -> PreOrder | None:
     """The pre-order that issued that number to the owner, or None."""
     if not merchant_order_no:

@@ -32,6 +32,7 @@ from .forms import OrderForm
 from .models import PreOrder
 from .paging import keyset_page
 from .selectors import (
+    order_contents,
     order_find,
     order_get,
     order_list,
@@ -125,8 +126,33 @@ def order_new(request: HttpRequest) -> HttpResponse:
                             description=form.cleaned_data["description"],
                         )
             except DuplicateOrder:
-                messages.info(request, _("You already placed this order; here it is."))
-                return to_order(token)
+                placed = order_find(
+                    owner=authenticated(request), merchant_order_no=token
+                )
+                if placed is None or order_contents(placed) == form.contents(currency):
+                    messages.info(
+                        request, _("You already placed this order; here it is.")
+                    )
+                    return to_order(token)
+                # This form placed another order (in a second tab, or before it was
+                # changed and sent again): nothing more was ordered, and what was
+                # asked for now is offered again on a new form, never dropped.
+                messages.warning(
+                    request,
+                    _(
+                        "This form already placed order %(number)s, with other "
+                        "contents; nothing more was ordered. To order this too, "
+                        "check it and submit it again."
+                    )
+                    % {"number": token},
+                )
+                form = OrderForm(
+                    initial={
+                        **form.cleaned_data,
+                        "token": _form_preorder(request).merchant_order_no,
+                    },
+                    products=products,
+                )
             except MerchantOrderNoUnknown:
                 messages.warning(
                     request,

@@ -617,6 +617,32 @@ def test_web_order_with_products_once_per_form(client, alice):
     assert stock_of("TEA") == 5
 
 
+def test_web_orders_from_two_tabs_of_one_form_are_both_placed(client, alice):
+    user, _, _ = alice
+    client.force_login(user)
+    product("TEA", price=1200, stock=5)
+    product("MUG", price=450, stock=5)
+    token, fields = web_form(client)
+    assert web_form(client)[0] == token  # the second tab shows the same form
+    tea = {"token": token, fields["TEA"]: "1", fields["MUG"]: ""}
+    mug = {"token": token, fields["TEA"]: "", fields["MUG"]: "2"}
+    assert client.post("/orders/new", tea).status_code == 303
+    shown = client.post("/orders/new", mug)  # the second tab's order
+    assert shown.status_code == 200
+    assert f"already placed order {token}" in shown.content.decode()
+    assert stock_of("MUG") == 5
+    again = shown.context["form"]
+    assert again.initial[fields["MUG"]] == 2
+    placed = client.post("/orders/new", {**mug, "token": again["token"].value()})
+    assert placed.status_code == 303
+    lines = [[(i.sku, i.quantity) for i in o.items.all()] for o in Order.objects.all()]
+    assert sorted(lines) == [[("MUG", 2)], [("TEA", 1)]]
+    assert (stock_of("TEA"), stock_of("MUG")) == (4, 3)
+    # the first tab's order sent again is still that order, not a third
+    assert client.post("/orders/new", tea)["Location"] == f"/orders/{token}"
+    assert Order.objects.count() == 2
+
+
 def test_web_order_over_the_largest_amount_says_so(client, alice):
     from orders.fields import MAX_AMOUNT
 

@@ -149,12 +149,47 @@ def test_the_same_form_submitted_again_lands_on_the_same_order(client, shopper):
     token = form_token(new_form(client))
     form = {"token": token, "amount": "5", "description": "Tea"}
     first = client.post("/orders/new", form)
-    again = client.post("/orders/new", {**form, "amount": "6"})
+    again = client.post("/orders/new", form)
     assert first.status_code == again.status_code == 303
     assert first["Location"] == again["Location"]
     assert Order.objects.count() == 1 and Order.objects.get().amount == 500
     page = client.get(again["Location"])
     assert "You already placed this order; here it is." in messages_of(page)
+
+
+@pytest.mark.parametrize(
+    "changed", [{"amount": "6"}, {"description": "Coffee"}, {"amount": "5.00"}]
+)
+def test_a_form_sent_again_with_other_contents_is_offered_on_a_new_form(
+    client, shopper, changed
+):
+    """Two tabs show the same form; or the form was changed after it was sent. The
+    second order is neither placed twice nor dropped: it comes back on a new form."""
+    token = form_token(new_form(client))
+    form = {"token": token, "amount": "5", "description": "Tea"}
+    client.get(client.post("/orders/new", form)["Location"])
+    second = {**form, **changed}
+    shown = client.post("/orders/new", second)
+    if changed == {"amount": "5.00"}:  # the same order, written differently
+        assert shown.status_code == 303 and shown["Location"] == f"/orders/{token}"
+        assert Order.objects.count() == 1
+        return
+    assert shown.status_code == 200
+    assert messages_of(shown) == [
+        f"This form already placed order {token}, with other contents; nothing "
+        "more was ordered. To order this too, check it and submit it again."
+    ]
+    fresh = form_token(shown)
+    assert fresh != token
+    assert shown.context["form"].initial["description"] == second["description"]
+    assert Order.objects.count() == 1
+    placed = client.post("/orders/new", {**second, "token": fresh})
+    assert placed.status_code == 303 and placed["Location"] == f"/orders/{fresh}"
+    assert (
+        Order.objects.get(merchant_order_no=fresh).description
+        == (second["description"])
+    )
+    assert Order.objects.count() == 2
 
 
 @pytest.mark.parametrize(
