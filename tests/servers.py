@@ -50,7 +50,10 @@ def procfile_options(name: str = "web") -> tuple[int, list[str]]:
     workers, options = 1, []
     while args:
         option = args.pop(0)
-        value = args.pop(0) if args and not args[0].startswith("-") else ""
+        # A value never starts with "-", but "-" itself (stdout, as in
+        # `--access-logfile -`) is one.
+        takes = args and (args[0] == "-" or not args[0].startswith("-"))
+        value = args.pop(0) if takes else ""
         if option == "--workers":
             workers = int(value)
         elif option != "--bind":
