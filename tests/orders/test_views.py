@@ -192,6 +192,41 @@ def test_a_form_sent_again_with_other_contents_is_offered_on_a_new_form(
     assert Order.objects.count() == 2
 
 
+@pytest.mark.django_db(transaction=True)
+def test_tabs_of_one_form_sent_at_once_place_one_order(on_postgres, client):
+    """Six tabs of the same form sent at the same instant, three of them with the
+    same contents: one order is placed; the same contents land on it, the others
+    come back on new forms, nothing dropped or doubled."""
+    from django.test import Client
+
+    from tests.conftest import run_in_threads
+
+    user, _, _ = customer("alice", balance=10_000)
+    client.force_login(user)
+    token = form_token(new_form(client))
+    session = client.cookies["sessionid"].value
+
+    def send(i: int):
+        tab = Client()
+        tab.cookies["sessionid"] = session
+        amount = "5" if i % 2 else str(10 + i)
+        return tab.post("/orders/new", {"token": token, "amount": amount})
+
+    answers = run_in_threads(6, send)
+    (order,) = Order.objects.all()
+    assert order.merchant_order_no == token
+    landed = [a for a in answers if a.status_code == 303]
+    offered = [a for a in answers if a.status_code == 200]
+    assert len(landed) + len(offered) == 6
+    assert {a["Location"] for a in landed} == {f"/orders/{token}"}
+    # the ones that lost sent other contents than the one placed
+    for answer in offered:
+        assert answer.context["form"].initial["amount"] * 100 != order.amount
+    fresh = {form_token(a) for a in offered}
+    assert token not in fresh
+    assert PreOrder.objects.filter(merchant_order_no__in=fresh).count() == len(fresh)
+
+
 @pytest.mark.parametrize(
     "amount",
     # Python reads the last five as numbers (1e5 is ¥100,000); a shopper does not.
