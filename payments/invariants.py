@@ -125,3 +125,26 @@ def refunds_not_returned() -> list[str]:
         f"refund {refund_id} not yet returned by the provider"
         for refund_id in refunds_to_return(older_than_seconds=600)
     ]
+
+
+# Enough to act on; the rest are counted.
+NOT_SHIPPED_NAMED = 20
+
+
+@warning_check
+def paid_orders_not_shipped() -> list[str]:
+    """Paid orders with no shipment: nothing was sent for them. Wallet payments and
+    captures made before every way of paying created the shipment left such orders;
+    an operator who has checked that none was sent by hand runs
+    `manage.py ship_paid_orders`."""
+    from .selectors import paid_orders_without_shipment
+
+    numbers = paid_orders_without_shipment().values_list("merchant_order_no", flat=True)
+    named = list(numbers[: NOT_SHIPPED_NAMED + 1])
+    warnings = [f"order {no} is paid but has no shipment" for no in named]
+    if len(named) > NOT_SHIPPED_NAMED:
+        more = numbers.count() - NOT_SHIPPED_NAMED
+        warnings[NOT_SHIPPED_NAMED:] = [
+            f"and {more} more paid orders have no shipment (manage.py ship_paid_orders)"
+        ]
+    return warnings

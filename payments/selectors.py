@@ -9,6 +9,14 @@ from orders.models import Order
 from .models import Payment
 
 
+def paid_orders_without_shipment() -> QuerySet[Order]:
+    """Orders paid (and neither shipped nor refunded since) that have no shipment:
+    none should exist, as every way of paying creates it with the payment."""
+    return Order.objects.filter(
+        status=Order.Status.PAID, shipment__isnull=True
+    ).order_by("pk")
+
+
 def payment_list(*, order: Order) -> QuerySet[Payment]:
     """The order's payments, newest first."""
     return Payment.objects.filter(order=order).order_by("-id")

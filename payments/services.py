@@ -712,6 +712,20 @@ def shipment_create(*, order_id: int) -> Shipment | None:
     return shipment
 
 
+def shipment_create_for_paid_order(*, order_id: int) -> Shipment | None:
+    """Create the shipment of an order that is paid but has none (wallet payments
+    and captures made before every way of paying created one), once; None if the
+    order is not `paid` or already has its shipment.
+
+    Runs in the caller's transaction, under the order's lock: a refund racing it
+    (which takes the same lock) comes either first, and nothing ships, or after.
+    """
+    locked = Order.objects.select_for_update().filter(pk=order_id)
+    if locked.values_list("status", flat=True).first() != Order.Status.PAID:
+        return None
+    return shipment_create(order_id=order_id)
+
+
 def shipment_dispatch(*, shipment_id: int) -> bool:
     """Hand a pending shipment to the warehouse; True if it moved (once)."""
     return bool(
