@@ -226,6 +226,9 @@ CELERY_BROKER_URL = env("CELERY_BROKER_URL") or "filesystem://"
 # kombu's filesystem transport takes its folders from these options only, whatever
 # else the URL says.
 if CELERY_BROKER_URL.partition("://")[0] == "filesystem":
+    # The rest of the URL means nothing to kombu, but a URL that names no host makes
+    # it warn "No hostname was supplied" in every process that connects.
+    CELERY_BROKER_URL = "filesystem://localhost/"
     _broker_dir = DATA_DIR / "broker"
     CELERY_BROKER_TRANSPORT_OPTIONS: dict = {
         "data_folder_in": str(_broker_dir / "queue"),

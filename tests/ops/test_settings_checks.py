@@ -85,4 +85,7 @@ def test_a_service_variable_set_but_empty_is_unset():
         timeout=60,
     )
     assert result.returncode == 0, result.stderr
-    assert result.stdout.split() == ["django.db.backends.sqlite3", "filesystem://"]
+    assert result.stdout.split() == [
+        "django.db.backends.sqlite3",
+        "filesystem://localhost/",
+    ]
