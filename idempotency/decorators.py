@@ -34,7 +34,12 @@ from . import metrics
 from .engine import Call, Phases, execute, refuse_form
 from .exceptions import IdempotencyKeyInvalid, IdempotencyKeyMissing
 from .fastpath import credential_digest
-from .fingerprint import fingerprint, key_is_valid, request_key
+from .fingerprint import (
+    fingerprint,
+    key_is_valid,
+    legacy_fingerprints,
+    request_key,
+)
 from .middleware import FAST_PATH
 from .waiting import preferred_wait
 
@@ -79,6 +84,7 @@ def describe(request: Request, endpoint: str, default: str = "required") -> Call
         fingerprint=digest,
         fields=fields,
         credential=_token_credential(request),
+        aliases=legacy_fingerprints(method, path, http.body),
     )
 
 

@@ -173,7 +173,7 @@ def _walk(
         fast = taken
     else:
         fast = _begin(call)
-    if fast.cached is not None and fast.cached.fingerprint == call.fingerprint:
+    if fast.cached is not None and call.matches(fast.cached.fingerprint):
         return replay(fast.cached)  # check 1: answered without the database
     if fast.busy:
         raise in_flight()
@@ -303,7 +303,7 @@ def run_phases(fingerprint: str, run: Run, phases: Phases) -> Outcome:
 
 def _answer(record: IdempotencyRecord, call: Call) -> HttpResponse:
     """Check 2, on the record: another request → 422; finished → replay; else 409."""
-    if record.fingerprint != call.fingerprint:
+    if not call.matches(record.fingerprint):
         raise _refuse_reuse(record, call)
     if record.finished:
         return replay(StoredResponse.of_record(record))

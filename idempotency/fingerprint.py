@@ -2,7 +2,9 @@
 
 A fingerprint is SHA-256 over the method, the path and a canonical form of the JSON
 body: object keys sorted, no insignificant whitespace, strings in one escaping, and
-numbers exactly as written (`1.0` and `1` are different requests; we never round).
+numbers exactly as written (`1.0` and `1` are different requests; we never round). An
+empty body is `{}`, as the endpoints read it: a void, a cancel or a capture sent with
+no body and retried with `{}` (or the other way round) is the same request.
 """
 
 import hashlib
@@ -41,6 +43,11 @@ def request_key(headers: Mapping[str, str]) -> str | None:
     return key_of(headers.get(HEADER))
 
 
+# The canonical text of an empty body: the parser reads one as an object without
+# members, so it is the same request as `{}`.
+EMPTY = "{}"
+
+
 class Number(str):
     """A JSON number kept as the text it was written as."""
 
@@ -72,7 +79,7 @@ def canonical_body(raw: bytes) -> tuple[str, dict[str, str]]:
     refuse it anyway, and the same bytes must still get the same refusal.
     """
     if not raw.strip():
-        return "", {}
+        return EMPTY, {}  # as the parser reads it: no members
     try:
         parsed = _loads(raw)
     except (ValueError, UnicodeDecodeError):
@@ -112,6 +119,33 @@ def fingerprint(method: str, path: str, raw_body: bytes) -> tuple[str, dict[str,
     digest = hashlib.sha256(_utf8(f"{method}\n{path}\n{text}")).hexdigest()
     fields = {_storable(name): _short_hash(value) for name, value in values.items()}
     return digest, fields
+
+
+def legacy_fingerprints(method: str, path: str, raw_body: bytes) -> tuple[str, ...]:
+    """The fingerprints this request had before an empty body was read as `{}`.
+
+    A record stored then for an empty body holds the digest of no body text at all;
+    its retries (empty, or `{}`) must still be answered from it, not refused as
+    another request. Needed until every such record has expired (one
+    `IDEMPOTENCY_TTL_SECONDS` after the change is deployed), then this can go.
+    """
+    if not _reads_as_empty(raw_body):
+        return ()
+    return (hashlib.sha256(_utf8(f"{method}\n{path}\n")).hexdigest(),)
+
+
+JSON_SPACE = b" \t\n\r"
+
+
+def _reads_as_empty(raw: bytes) -> bool:
+    """Whitespace only, or `{}` with JSON whitespace around and in it: a body whose
+    canonical text is `EMPTY`, told without parsing it again."""
+    if not raw.strip():
+        return True
+    inner = raw.strip(JSON_SPACE)
+    return (
+        inner[:1] == b"{" and inner[-1:] == b"}" and not inner[1:-1].strip(JSON_SPACE)
+    )
 
 
 def changed_fields(first: dict[str, str], now: dict[str, str]) -> list[str]:

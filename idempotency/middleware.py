@@ -30,7 +30,12 @@ from django.conf import settings
 from django.http import HttpRequest, HttpResponse
 
 from . import fastpath
-from .fingerprint import fingerprint, key_is_valid, request_key
+from .fingerprint import (
+    fingerprint,
+    key_is_valid,
+    legacy_fingerprints,
+    request_key,
+)
 from .responses import replay
 
 MUTATING = frozenset({"POST", "PUT", "PATCH", "DELETE"})
@@ -47,8 +52,12 @@ class ReplayMiddleware:
         if fast is None:
             return self.get_response(request)
         if fast.cached is not None:
-            digest, _ = fingerprint(request.method or "", request.path, request.body)
-            if fast.cached.fingerprint == digest:
+            method, path, body = request.method or "", request.path, request.body
+            digest, _ = fingerprint(method, path, body)
+            if fast.cached.fingerprint in (
+                digest,
+                *legacy_fingerprints(method, path, body),
+            ):
                 return replay(fast.cached)
             return self.get_response(request)  # the engine answers 422
         if not fast.locked:

@@ -48,6 +48,13 @@ class Call:
     # A digest of the caller's credential, so the replay middleware can find `scope`
     # without authenticating; '' when the caller did not use an API token.
     credential: str = ""
+    # Fingerprints the same request was stored under by an earlier version
+    # (`fingerprint.legacy_fingerprints`).
+    aliases: tuple[str, ...] = ()
+
+    def matches(self, fingerprint: str) -> bool:
+        """Is `fingerprint`, a stored request's, this request's?"""
+        return fingerprint == self.fingerprint or fingerprint in self.aliases
 
 
 def lease() -> timedelta:
@@ -334,7 +341,7 @@ def claim(call: Call) -> Claim:
                 return Claim(Claimed.BUSY)
             return Claim(Claimed.NEW, record, record.locked_until)
         if (
-            held.fingerprint != call.fingerprint
+            not call.matches(held.fingerprint)
             or held.finished
             or (held.locked_until and held.locked_until > held.db_now)  # type: ignore[attr-defined]
         ):

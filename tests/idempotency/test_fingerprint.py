@@ -1,6 +1,7 @@
 """Canonical JSON: key order and whitespace never change a fingerprint; any value
 change does."""
 
+import hashlib
 import json
 import random
 
@@ -13,6 +14,7 @@ from idempotency.fingerprint import (
     changed_fields,
     fingerprint,
     key_of,
+    legacy_fingerprints,
 )
 
 scalars = st.one_of(
@@ -95,6 +97,27 @@ def test_non_json_bodies_are_fingerprinted_by_their_bytes():
     assert fp("not json") == fp("not json")
     assert fp("not json") != fp("not json!")
     assert fp("") == fp("  ")
+
+
+def test_no_body_is_an_empty_object():
+    """The parser reads no body as `{}`; so does the fingerprint."""
+    assert fp("") == fp("{}") == fp(" {\n\t} ") == fp("  ")
+    assert fp("") not in {fp("null"), fp("[]"), fp('""'), fp('{"a": 1}')}
+
+
+def test_the_fingerprint_of_no_body_before_it_read_as_an_object_is_an_alias():
+    legacy = hashlib.sha256(b"POST\n/api/v1/orders\n").hexdigest()
+    for body in (b"", b"  ", b"{}", b" { } "):
+        assert legacy_fingerprints("POST", "/api/v1/orders", body) == (legacy,)
+    for body in (b"null", b"[]", b'{"a": 1}', b"{", b"not json"):
+        assert legacy_fingerprints("POST", "/api/v1/orders", body) == ()
+
+
+@given(raw=st.binary(max_size=6) | st.text(alphabet=" \t\n\r\x0b{}[]a1", max_size=6))
+def test_an_alias_only_for_a_body_that_reads_as_an_empty_object(raw):
+    raw = raw.encode() if isinstance(raw, str) else raw
+    if legacy_fingerprints("POST", "/x", raw):
+        assert canonical_body(raw)[0] == "{}"
 
 
 @pytest.mark.parametrize(

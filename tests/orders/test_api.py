@@ -1,5 +1,9 @@
+import hashlib
+
 import pytest
 
+from idempotency.models import IdempotencyRecord
+from idempotency.redis import get_redis
 from orders.models import Order, PreOrder
 from tests.conftest import run_in_threads
 from tests.helpers import assert_problem, customer, new_key, place_order
@@ -225,6 +229,52 @@ def test_cancel_an_order_and_replay_it(alice):
     assert again.content == first.content and again["Idempotent-Replayed"] == "true"
     other = client.post(url, format="json", headers={"Idempotency-Key": new_key()})
     assert_problem(other, 409, "order_not_cancellable")
+
+
+def cancel(client, order, body: bytes, key: str):
+    return client.post(
+        f"/api/v1/orders/{order.merchant_order_no}/cancel",
+        body,
+        content_type="application/json",
+        headers={"Idempotency-Key": key},
+    )
+
+
+@pytest.mark.parametrize(("first", "retry"), [(b"", b"{}"), (b"{}", b"")])
+@pytest.mark.parametrize("cached", [True, False])
+def test_no_body_and_an_empty_object_are_one_request(alice, first, retry, cached):
+    """The endpoint reads no body as `{}`, so a retry that sends the other one is
+    the same request: replayed (from Redis's cache or from the record), not refused
+    as a key reused for another request."""
+    user, client, _ = alice
+    order, key = place_order(user), new_key()
+    answer = cancel(client, order, first, key)
+    assert answer.status_code == 200, answer.content
+    if not cached and (redis := get_redis()) is not None:
+        redis.flushdb()
+    again = cancel(client, order, retry, key)
+    assert again.status_code == 200, again.content
+    assert again.content == answer.content and again["Idempotent-Replayed"] == "true"
+    assert_problem(
+        cancel(client, order, b'{"x": 1}', key), 422, "idempotency_key_reused"
+    )
+
+
+def test_a_key_stored_for_no_body_before_it_read_as_an_object_still_replays(alice):
+    """A record written when no body was fingerprinted as no text at all (before
+    this version) is still this request's, empty or `{}`."""
+    user, client, _ = alice
+    order, key = place_order(user), new_key()
+    answer = cancel(client, order, b"", key)
+    path = f"/api/v1/orders/{order.merchant_order_no}/cancel"
+    legacy = hashlib.sha256(f"POST\n{path}\n".encode()).hexdigest()
+    assert IdempotencyRecord.objects.filter(key=key).update(fingerprint=legacy) == 1
+    if (redis := get_redis()) is not None:
+        redis.flushdb()
+    for body in (b"", b"{}"):
+        again = cancel(client, order, body, key)
+        assert again.content == answer.content, again.content
+        assert again["Idempotent-Replayed"] == "true"
 
 
 def test_cancel_needs_a_key_and_the_owner(alice):
