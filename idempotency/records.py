@@ -130,7 +130,10 @@ def wait_for_lock(call: Call, seconds: float) -> None:
     if not _locks() or seconds <= 0:
         return
     with transaction.atomic(), connection.cursor() as cursor:
-        timeout = f"{int(seconds * 1000)}ms"
+        # At least 1 ms: PostgreSQL reads a lock_timeout of 0 as no timeout at all,
+        # and a waiter with under a millisecond left would wait for as long as the
+        # key's holder runs.
+        timeout = f"{max(1, int(seconds * 1000))}ms"
         cursor.execute("SELECT set_config('lock_timeout', %s, true)", [timeout])
         try:
             with transaction.atomic():  # a savepoint: the timeout is expected

@@ -9,7 +9,9 @@ waits on the database. Still in flight at the deadline: the 409 after all.
 import threading
 import time
 
+import psycopg
 import pytest
+from django.db import connection
 
 from idempotency import records
 from idempotency.fastpath import _names
@@ -184,6 +186,42 @@ def test_waiters_behind_a_lost_redis_lock_wait_out_their_own_deadline(
     assert answer.content == a.content
     assert waited < 8, waited  # woken when A finished (~3.5 s), not at its deadline
     assert alice.deposits() == 1
+
+
+@pytest.mark.parametrize("seconds", [0.0004, 0.002])
+def test_a_wait_on_the_lock_ends_by_its_deadline_however_little_is_left(
+    alice, key, seconds
+):
+    """A waiter that reaches the key's advisory lock with under a millisecond left
+    (woken just before its deadline) still stops there: a lock_timeout rounded
+    down to 0 ms is none at all to PostgreSQL, and it waited for as long as the
+    request holding the key ran."""
+    call = records.Call(
+        scope=f"user:{alice.user.pk}",
+        key=key,
+        endpoint="test",
+        method="POST",
+        path="/test/deposits",
+        fingerprint="",
+        fields={},
+    )
+    db = connection.settings_dict
+    with psycopg.connect(
+        dbname=db["NAME"], user=db["USER"], host=db["HOST"], port=db["PORT"]
+    ) as holder:  # a request with the key, in its transaction
+        holder.execute("SELECT pg_advisory_xact_lock(%s)", [records._lock_id(call)])
+        waiter = Background(
+            lambda: (
+                time.monotonic(),
+                records.wait_for_lock(call, seconds),
+                time.monotonic(),
+            )
+        )
+        waiter.start()
+        time.sleep(3)  # the holder runs on
+        holder.rollback()
+    began, _, ended = waiter.outcome()
+    assert ended - began < 1, ended - began
 
 
 @pytest.mark.parametrize(
