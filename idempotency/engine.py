@@ -209,6 +209,13 @@ def _begin(call: Call) -> fastpath.FastPath:
 
 
 def _atomic(call: Call, run: Run, started: float) -> Outcome:
+    with records.outside_lock(call) as free:  # SQLite's stand-in for the advisory lock
+        if not free:
+            raise in_flight()
+        return _atomic_transaction(call, run, started)
+
+
+def _atomic_transaction(call: Call, run: Run, started: float) -> Outcome:
     """Check, run and record the key in one transaction.
 
     The key's advisory lock, taken in the statement that looks the key up, is held

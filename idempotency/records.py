@@ -7,7 +7,8 @@ last recovery point. On PostgreSQL every request that executes also holds the ke
 advisory lock, so the database decides who runs whatever Redis does: atomic mode holds
 it for its whole transaction (taken in the statement that looks the key up), phased
 mode while it commits its `processing` record (which then stands for the lock).
-SQLite needs no lock: `BEGIN IMMEDIATE` already serialises writers.
+SQLite has no advisory locks: an atomic request takes its key's lock in
+`idempotency.keylocks` instead, before its transaction begins (`outside_lock`).
 
 Every time here is the database's clock (`sql.DatabaseNow`), put into the statements
 that run anyway: a lease's start and end, the take-over's "has it passed?", a record's
@@ -17,6 +18,8 @@ a live lease early, nor one that runs slow keep a dead one.
 
 import hashlib
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from enum import Enum
@@ -27,6 +30,7 @@ from django.conf import settings
 from django.db import DatabaseError, connection, transaction
 from django.utils import timezone
 
+from . import keylocks
 from .models import IdempotencyRecord
 from .responses import StoredResponse
 from .sql import DatabaseNow, insert_unless_exists
@@ -124,10 +128,32 @@ def try_lock(call: Call) -> bool:
         return bool(cursor.fetchone()[0])
 
 
+def _lock_file() -> str | None:
+    return keylocks.lock_file(str(connection.settings_dict["NAME"]))
+
+
+@contextmanager
+def outside_lock(call: Call) -> Iterator[bool]:
+    """On SQLite, hold the key's lock (`keylocks`) for the block if nobody holds it,
+    and yield whether it was free: taken before the transaction begins, as its
+    `BEGIN IMMEDIATE` would wait for the key's holder to commit. Elsewhere yield
+    True: the advisory lock is taken inside the transaction (`lock_and_find`)."""
+    if connection.vendor != "sqlite":
+        yield True
+        return
+    with keylocks.held(_lock_file(), call.scope, call.key) as free:
+        yield free
+
+
 def wait_for_lock(call: Call, seconds: float) -> None:
     """Wait, at most `seconds`, until no transaction holds the key's advisory lock
     (a request with the key in atomic mode has committed or rolled back)."""
-    if not _locks() or seconds <= 0:
+    if seconds <= 0:
+        return
+    if connection.vendor == "sqlite":
+        keylocks.wait_until_free(_lock_file(), call.scope, call.key, seconds)
+        return
+    if not _locks():
         return
     with transaction.atomic(), connection.cursor() as cursor:
         # At least 1 ms: PostgreSQL reads a lock_timeout of 0 as no timeout at all,

@@ -55,3 +55,33 @@ def test_phased_race_executes_once(alice, key, path_kind):
     assert alice.deposits() == 1
     final = alice.post("/test/phased-deposits", body, key)
     assert final.status_code == 201 and final["Idempotent-Replayed"] == "true"
+
+
+def test_a_duplicate_while_the_first_runs_is_409_at_once(alice, key, path_kind):
+    """Also on SQLite, whose `BEGIN IMMEDIATE` would make the duplicate wait for the
+    first request and then replay it (`idempotency.keylocks`)."""
+    import threading
+    import time
+
+    first = threading.Thread(
+        target=lambda: alice.post("/test/deposits", {"amount": 5, "sleep": 1.5}, key)
+    )
+    first.start()
+    try:
+        time.sleep(0.5)  # the first is in its transaction by now
+        started = time.monotonic()
+        busy = alice.post("/test/deposits", {"amount": 5, "sleep": 1.5}, key)
+        assert busy.status_code == 409, busy.content
+        assert busy.json()["code"] == "idempotency_key_in_flight"
+        assert time.monotonic() - started < 0.5
+        # `Prefer: wait` waits for it and replays it
+        waited = alice.client().post(
+            "/test/deposits",
+            {"amount": 5, "sleep": 1.5},
+            format="json",
+            headers={"Idempotency-Key": key, "Prefer": "wait=5"},
+        )
+        assert waited.status_code == 201 and waited["Idempotent-Replayed"] == "true"
+    finally:
+        first.join(timeout=30)
+    assert alice.deposits() == 1

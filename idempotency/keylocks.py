@@ -1,0 +1,117 @@
+"""Key locks on SQLite, which has no advisory locks.
+
+On SQLite a second request with a key in flight would wait for the first one's
+`BEGIN IMMEDIATE` (one writer at a time) and then replay it: never a second execution,
+but not the contract's `409` either, and a `Prefer: wait` would mean nothing. So an
+atomic request on SQLite first takes its key's lock here, without waiting, as
+PostgreSQL's `pg_try_advisory_xact_lock` does, and holds it until its transaction
+has ended:
+
+- between processes (gunicorn's workers), a POSIX byte-range lock of one byte of a
+  lock file beside the database, at an offset hashed from scope and key; the kernel
+  lets go of it when the process dies, as PostgreSQL does of a dead session's locks;
+- between the threads of one process, which POSIX locks do not tell apart (they
+  belong to the process), a set of the keys this process holds.
+
+The lock file is opened once per process and never closed: closing any descriptor
+of a file drops every POSIX lock the process holds on it.
+"""
+
+import fcntl
+import hashlib
+import os
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+# Offsets below 2**62: any 64-bit off_t holds them.
+_OFFSETS = 2**62
+
+
+class _Process:
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.held: set[int] = set()
+        self.files: dict[str, int] = {}
+        self.pid = os.getpid()
+
+
+_process = _Process()
+
+
+def lock_file(database: str) -> str | None:
+    """The lock file of a SQLite database file; None for an in-memory one (this
+    process is then the only one that can reach it)."""
+    if not database or database == ":memory:" or database.startswith("file:"):
+        return None
+    return f"{database}.keylocks"
+
+
+def _offset(scope: str, key: str) -> int:
+    digest = hashlib.sha256(f"{scope}\x00{key}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") % _OFFSETS
+
+
+def _descriptor(path: str) -> int:
+    """This process's descriptor of `path` (called under `_process.lock`)."""
+    if _process.pid != os.getpid():  # a forked child: its parent's locks aren't its
+        _process.held.clear()
+        _process.files.clear()
+        _process.pid = os.getpid()
+    fd = _process.files.get(path)
+    if fd is None:
+        Path(path).touch(exist_ok=True)
+        fd = _process.files[path] = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+    return fd
+
+
+def try_acquire(path: str | None, scope: str, key: str) -> bool:
+    """Take the key's lock if nobody holds it; False at once if somebody does."""
+    offset = _offset(scope, key)
+    with _process.lock:
+        if offset in _process.held:
+            return False
+        if path is not None:
+            try:
+                fcntl.lockf(_descriptor(path), fcntl.LOCK_EX | fcntl.LOCK_NB, 1, offset)
+            except (BlockingIOError, PermissionError):
+                return False
+        _process.held.add(offset)
+        return True
+
+
+def release(path: str | None, scope: str, key: str) -> None:
+    offset = _offset(scope, key)
+    with _process.lock:
+        if offset not in _process.held:
+            return
+        _process.held.discard(offset)
+        if path is not None:
+            fcntl.lockf(_descriptor(path), fcntl.LOCK_UN, 1, offset)
+
+
+@contextmanager
+def held(path: str | None, scope: str, key: str) -> Iterator[bool]:
+    """Hold the key's lock for the block if it is free; yield whether it was."""
+    if not try_acquire(path, scope, key):
+        yield False
+        return
+    try:
+        yield True
+    finally:
+        release(path, scope, key)
+
+
+def wait_until_free(path: str | None, scope: str, key: str, seconds: float) -> None:
+    """Return once nobody holds the key's lock, or `seconds` have passed."""
+    deadline = time.monotonic() + seconds
+    while True:
+        if try_acquire(path, scope, key):
+            release(path, scope, key)
+            return
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return
+        time.sleep(min(0.01, left))

@@ -1,0 +1,94 @@
+"""SQLite's key locks (`idempotency.keylocks`): between the threads of a process and
+between processes, and let go of when the process holding one dies."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from idempotency import keylocks
+from tests.conftest import run_in_threads
+
+HOLD = """
+import sys, time
+from idempotency import keylocks
+assert keylocks.try_acquire(*sys.argv[1:4])
+print("held", flush=True)
+time.sleep(60)
+"""
+
+
+def test_one_holder_among_threads(tmp_path):
+    path = str(tmp_path / "db.keylocks")
+    got = run_in_threads(8, lambda _: keylocks.try_acquire(path, "user:1", "k"))
+    assert got.count(True) == 1
+    assert keylocks.try_acquire(path, "user:1", "other")  # another key is free
+    assert keylocks.try_acquire(path, "user:2", "k")  # and another scope's
+    for scope, key in (("user:1", "k"), ("user:1", "other"), ("user:2", "k")):
+        keylocks.release(path, scope, key)
+    with keylocks.held(path, "user:1", "k") as free:
+        assert free
+        with keylocks.held(path, "user:1", "k") as again:
+            assert not again
+    assert keylocks.try_acquire(path, "user:1", "k")
+    keylocks.release(path, "user:1", "k")
+
+
+def test_a_lock_held_by_another_process_until_it_dies(tmp_path):
+    path = str(tmp_path / "db.keylocks")
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLD, path, "user:1", "k"],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))),
+    )
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        assert not keylocks.try_acquire(path, "user:1", "k")
+        started = time.monotonic()
+        keylocks.wait_until_free(path, "user:1", "k", 0.3)
+        assert 0.3 <= time.monotonic() - started < 1
+        assert keylocks.try_acquire(path, "user:1", "other")
+        keylocks.release(path, "user:1", "other")
+        os.kill(holder.pid, signal.SIGKILL)  # the kernel lets go of its locks
+        holder.wait(timeout=10)
+        keylocks.wait_until_free(path, "user:1", "k", 5)
+        assert keylocks.try_acquire(path, "user:1", "k")
+        keylocks.release(path, "user:1", "k")
+    finally:
+        holder.kill()
+        holder.wait(timeout=10)
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.urls("tests.idempotency.urls")
+def test_a_request_on_sqlite_is_409_while_another_process_holds_its_key(
+    alice, key, settings
+):
+    from django.db import connection
+
+    if connection.vendor != "sqlite":
+        pytest.skip("SQLite's key locks")
+    settings.REDIS_URL = ""
+    path = keylocks.lock_file(str(connection.settings_dict["NAME"]))
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLD, path, f"user:{alice.user.pk}", key],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        busy = alice.post("/test/deposits", {"amount": 5}, key)
+        assert busy.status_code == 409, busy.content
+        assert alice.deposits() == 0
+        holder.kill()
+        holder.wait(timeout=10)
+        done = alice.post("/test/deposits", {"amount": 5}, key)
+        assert done.status_code == 201
+        assert alice.deposits() == 1
+    finally:
+        holder.kill()
+        holder.wait(timeout=10)
