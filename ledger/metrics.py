@@ -6,7 +6,8 @@ Read at `/metrics` together with the idempotency counters (`idempotency.metrics`
   `http_request_duration_seconds{method, route}`: every request, by URL name (never by
   raw path, so ids do not explode the series); `route="unmatched"` for 404s.
 - `celery_tasks_total{task, outcome}` (`succeeded`, `failed`, `retried`) and
-  `celery_task_duration_seconds{task}`.
+  `celery_task_duration_seconds{task}`; `celery_publishes_total{task, outcome}`
+  (`sent`, `failed`, `skipped`): the tasks web requests sent (`ledger.broker`).
 - what the apps read from the database at scrape time (`register_scrape_collector`):
   `payments_callback_inbox_depth` and `payments_provider_events_parked`
   (`payments.metrics`).
@@ -37,6 +38,11 @@ http_duration = Histogram(
     buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
 )
 celery_tasks = Counter("celery_tasks", "Celery task outcomes.", ["task", "outcome"])
+# Tasks that web requests send (`ledger.broker.publish_within`): `sent`, `failed`
+# (the broker did not take it in time) or `skipped` (during the break after a failure).
+celery_publishes = Counter(
+    "celery_publishes", "Tasks sent from requests, by outcome.", ["task", "outcome"]
+)
 celery_duration = Histogram(
     "celery_task_duration_seconds",
     "Time a Celery task ran.",

@@ -11,7 +11,6 @@ import logging
 from datetime import timedelta
 from typing import Any
 
-from celery import current_app
 from django.conf import settings
 from django.db import IntegrityError, InterfaceError, OperationalError, transaction
 from django.db.models import F, QuerySet
@@ -22,6 +21,7 @@ from idempotency.engine import Phases
 from idempotency.sql import DatabaseNow, insert_unless_exists
 from ledger.exceptions import HoldNotActive
 from ledger.models import JournalEntry
+from ledger.publishing import publish_within
 from ledger.services import (
     external_account,
     hold_authorize,
@@ -68,16 +68,11 @@ logger = logging.getLogger(__name__)
 
 
 def enqueue_on_commit(task: str, *args: Any) -> None:
-    """Send the task named `task` once the transaction commits; a broker that is down
-    is logged, not raised: the row is durable, and beat's re-drive sends it again."""
-
-    def send() -> None:
-        try:
-            current_app.send_task(task, args=args)
-        except Exception:  # kombu raises many kinds; none may undo a commit
-            logger.exception("could not enqueue %s%r; beat will re-drive", task, args)
-
-    transaction.on_commit(send)
+    """Send the task named `task` once the transaction commits, waiting on the broker
+    a fraction of a second at most (`ledger.publishing`); a broker that is down or
+    does not answer is logged, not raised: the row is durable, and beat's re-drive
+    sends it again."""
+    transaction.on_commit(lambda: publish_within(task, args))
 
 
 CANCEL_OPEN_CHARGES = "payments.tasks.payment_cancel_open_charges_task"

@@ -273,6 +273,11 @@ CELERY_TASK_TIME_LIMIT = 120
 CELERY_TASK_SOFT_TIME_LIMIT = 100
 CELERY_TASK_ALWAYS_EAGER = env_bool("CELERY_TASK_ALWAYS_EAGER", False)
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+# A web request sends its tasks after its commit and waits on the broker this long a
+# step at most; after a failure its process sends none for CELERY_PUBLISH_BREAK_SECONDS
+# and leaves them to beat's re-drive (ledger/publishing.py).
+CELERY_PUBLISH_TIMEOUT_SECONDS = float(env("CELERY_PUBLISH_TIMEOUT_SECONDS", "0.25"))
+CELERY_PUBLISH_BREAK_SECONDS = float(env("CELERY_PUBLISH_BREAK_SECONDS", "5"))
 # django-celery-beat's database scheduler, led: of all the beats running, only the one
 # holding the "beat" lease (BEAT_LEASE_SECONDS, by the database's clock) sends tasks.
 CELERY_BEAT_SCHEDULER = "ledger.beat:LeaderScheduler"
