@@ -45,6 +45,7 @@ test: install-dev lint
 	$(BIN)/pytest
 	LEDGER_TEST_DB=sqlite $(BIN)/pytest tests/ledger tests/idempotency/test_engine.py \
 		tests/idempotency/test_concurrency.py tests/idempotency/test_housekeeping.py \
+		tests/idempotency/test_keylocks.py \
 		tests/payments/test_merchant_sub_accounts.py
 
 # The compose stack for real (tests/ops/test_compose_up.py, which `make test` runs too):
