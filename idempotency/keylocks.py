@@ -25,6 +25,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from urllib.parse import parse_qs, unquote, urlsplit
 
 # Offsets below 2**62: any 64-bit off_t holds them.
 _OFFSETS = 2**62
@@ -43,8 +44,20 @@ _process = _Process()
 
 def lock_file(database: str) -> str | None:
     """The lock file of a SQLite database file; None for an in-memory one (this
-    process is then the only one that can reach it)."""
-    if not database or database == ":memory:" or database.startswith("file:"):
+    process is then the only one that can reach it).
+
+    Django opens SQLite with `uri=True`, so a `file:` name (`file:/data/db.sqlite3`,
+    which `DATABASE_URL=sqlite:///file:/data/db.sqlite3` gives) is a file that every
+    process shares too, unless it asks for memory (`mode=memory`, as Django's test
+    database in memory does, `vfs=memdb`, or the path `:memory:`).
+    """
+    if database.startswith("file:"):
+        uri = urlsplit(database)
+        query = parse_qs(uri.query)
+        database = unquote(uri.path)
+        if query.get("mode") == ["memory"] or query.get("vfs") == ["memdb"]:
+            return None
+    if not database or database == ":memory:":
         return None
     return f"{database}.keylocks"
 

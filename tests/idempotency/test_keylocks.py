@@ -92,3 +92,27 @@ def test_a_request_on_sqlite_is_409_while_another_process_holds_its_key(
     finally:
         holder.kill()
         holder.wait(timeout=10)
+
+
+@pytest.mark.parametrize(
+    ("name", "expected"),
+    [
+        ("/data/db.sqlite3", "/data/db.sqlite3.keylocks"),
+        ("db.sqlite3", "db.sqlite3.keylocks"),
+        ("", None),
+        (":memory:", None),
+        # Django always opens SQLite with uri=True: a `file:` name is a file too
+        # (DATABASE_URL=sqlite:///file:/data/db.sqlite3 gives one), and its
+        # processes must exclude each other as well.
+        ("file:/data/db.sqlite3", "/data/db.sqlite3.keylocks"),
+        ("file:///data/db.sqlite3?cache=private", "/data/db.sqlite3.keylocks"),
+        ("file://localhost/data/my%20db.sqlite3", "/data/my db.sqlite3.keylocks"),
+        ("file:db.sqlite3?mode=rwc", "db.sqlite3.keylocks"),
+        # In memory: only this process reaches it.
+        ("file:memorydb_default?mode=memory&cache=shared", None),
+        ("file::memory:?cache=shared", None),
+        ("file:whatever?vfs=memdb", None),
+    ],
+)
+def test_the_lock_file_of_each_name_form(name, expected):
+    assert keylocks.lock_file(name) == expected
