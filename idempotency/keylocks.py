@@ -87,9 +87,12 @@ def try_acquire(path: str | None, scope: str, key: str) -> bool:
         if offset in _process.held:
             return False
         if path is not None:
+            # Opened first, outside the `except`: a file we may not open (EACCES)
+            # says nothing about the key, and must not read as "held" for ever.
+            fd = _descriptor(path)
             try:
-                fcntl.lockf(_descriptor(path), fcntl.LOCK_EX | fcntl.LOCK_NB, 1, offset)
-            except (BlockingIOError, PermissionError):
+                fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, offset)
+            except (BlockingIOError, PermissionError):  # EAGAIN or EACCES: held
                 return False
         _process.held.add(offset)
         return True

@@ -116,3 +116,22 @@ def test_a_request_on_sqlite_is_409_while_another_process_holds_its_key(
 )
 def test_the_lock_file_of_each_name_form(name, expected):
     assert keylocks.lock_file(name) == expected
+
+
+def test_a_lock_file_that_cannot_be_opened_is_an_error_not_a_key_in_flight(
+    tmp_path, monkeypatch
+):
+    """A lock file this process may not open (made by another user, 0644) says
+    nothing about the key: answering 409 would refuse every request for ever,
+    with nothing logged, while nobody runs it."""
+    path = str(tmp_path / "db.keylocks")
+
+    def refused(*args, **kwargs):
+        raise PermissionError(13, "Permission denied", path)
+
+    monkeypatch.setattr(keylocks.os, "open", refused)
+    with pytest.raises(PermissionError):
+        keylocks.try_acquire(path, "user:1", "k")
+    monkeypatch.undo()
+    assert keylocks.try_acquire(path, "user:1", "k")  # nothing was left held
+    keylocks.release(path, "user:1", "k")
