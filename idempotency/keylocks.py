@@ -36,10 +36,21 @@ class _Process:
         self.lock = threading.Lock()
         self.held: set[int] = set()
         self.files: dict[str, int] = {}
-        self.pid = os.getpid()
 
 
 _process = _Process()
+
+
+def _forked() -> None:
+    """In a forked child: none of its parent's locks are its own (POSIX locks are
+    not inherited), and the thread that may have held `_process.lock` at the fork
+    does not exist here. A fresh start; the parent's descriptors stay open, as
+    closing one would be harmless here but is never needed."""
+    global _process
+    _process = _Process()
+
+
+os.register_at_fork(after_in_child=_forked)
 
 
 def lock_file(database: str) -> str | None:
@@ -69,10 +80,6 @@ def _offset(scope: str, key: str) -> int:
 
 def _descriptor(path: str) -> int:
     """This process's descriptor of `path` (called under `_process.lock`)."""
-    if _process.pid != os.getpid():  # a forked child: its parent's locks aren't its
-        _process.held.clear()
-        _process.files.clear()
-        _process.pid = os.getpid()
     fd = _process.files.get(path)
     if fd is None:
         Path(path).touch(exist_ok=True)

@@ -135,3 +135,27 @@ def test_a_lock_file_that_cannot_be_opened_is_an_error_not_a_key_in_flight(
     monkeypatch.undo()
     assert keylocks.try_acquire(path, "user:1", "k")  # nothing was left held
     keylocks.release(path, "user:1", "k")
+
+
+def test_a_forked_child_holds_none_of_its_parents_keys(tmp_path):
+    """POSIX locks are not inherited: a child forked while a thread of its parent
+    held a key starts with no key held, and takes that key once the parent has
+    let go of it (instead of answering 409 for it until some other key is used)."""
+    path = str(tmp_path / "db.keylocks")
+    for lock_path in (path, None):
+        assert keylocks.try_acquire(lock_path, "user:1", "k")
+        released_r, released_w = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: reports through its exit status only
+            try:
+                os.close(released_w)
+                os.read(released_r, 1)  # the parent has let go of the key
+                os._exit(0 if keylocks.try_acquire(lock_path, "user:1", "k") else 1)
+            except BaseException:
+                os._exit(2)
+        os.close(released_r)
+        keylocks.release(lock_path, "user:1", "k")
+        os.write(released_w, b"x")
+        os.close(released_w)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0, lock_path
