@@ -24,9 +24,14 @@ def module_tmp(tmp_path_factory):
     return tmp_path_factory.mktemp("client")
 
 
-@pytest.fixture
-def server(tmp_path):
-    with gunicorn(tmp_path, "tests.idempotency.server_settings", workers=2) as (url, _):
+@pytest.fixture(scope="module")
+def server(module_tmp, django_db_setup, django_db_blocker):
+    """One server for the module: each test has its own customer and keys (and the
+    database is flushed between tests), and nothing here depends on a fresh one."""
+    with gunicorn(module_tmp, "tests.idempotency.server_settings", workers=2) as (
+        url,
+        _,
+    ):
         yield url
 
 
