@@ -84,8 +84,18 @@ def wait_for(text: str, log: Path, process: subprocess.Popen, seconds: float) ->
     raise AssertionError(f"{text!r} never came:\n{log.read_text()[-3000:]}")
 
 
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One data folder for the module's runs of serve: the first migrates its SQLite
+    database and seeds the demo, the next starts on them as a second `make run` does
+    (no test here is about a first start)."""
+    return tmp_path_factory.mktemp("serve") / "data"
+
+
 @contextlib.contextmanager
-def serving(tmp_path: Path, parent_shell: bool = False) -> Iterator[tuple]:
+def serving(
+    tmp_path: Path, data_dir: Path, parent_shell: bool = False
+) -> Iterator[tuple]:
     """`manage.py serve` with its output in a file (not a terminal), either
     directly or as the child of a shell that stays its parent (as under make)."""
     log = tmp_path / "serve.log"
@@ -93,7 +103,7 @@ def serving(tmp_path: Path, parent_shell: bool = False) -> Iterator[tuple]:
         "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
         "HOME": os.environ.get("HOME", "/root"),
         "PORT": str(free_port()),
-        "LEDGER_DATA_DIR": str(tmp_path / "data"),
+        "LEDGER_DATA_DIR": str(data_dir),
     }
     command = [sys.executable, "manage.py", "serve"]
     command += ["--procfile", str(procfile(tmp_path))]
@@ -119,8 +129,10 @@ def serving(tmp_path: Path, parent_shell: bool = False) -> Iterator[tuple]:
             process.wait(timeout=10)
 
 
-def test_the_banner_ends_the_start_up_output_even_when_nothing_follows_it(tmp_path):
-    with serving(tmp_path) as (process, log):
+def test_the_banner_ends_the_start_up_output_even_when_nothing_follows_it(
+    tmp_path, data_dir
+):
+    with serving(tmp_path, data_dir) as (process, log):
         wait_for("Ctrl-C stops everything.", log, process, seconds=120)
         text = log.read_text()
         assert re.search(r"API token\s+[0-9a-f]{40}", text), text[-2000:]
@@ -133,11 +145,11 @@ def test_the_banner_ends_the_start_up_output_even_when_nothing_follows_it(tmp_pa
         assert not alive(stack), log.read_text()[-3000:]
 
 
-def test_the_stack_stops_when_what_started_serve_is_killed(tmp_path):
+def test_the_stack_stops_when_what_started_serve_is_killed(tmp_path, data_dir):
     """make (or the shell under it) killed outright, or stopped by a SIGTERM that
     reaches only make, as `timeout`, a service manager or `kill <pid>` send it: serve
     stops its processes warmly instead of running on without a parent."""
-    with serving(tmp_path, parent_shell=True) as (shell, log):
+    with serving(tmp_path, data_dir, parent_shell=True) as (shell, log):
         wait_for("Ctrl-C stops everything.", log, shell, seconds=120)
         stack = descendants(shell.pid)
         assert len(stack) >= 4, stack  # serve, web, worker, beat
