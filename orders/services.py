@@ -363,16 +363,24 @@ def order_lock_for_payment(*, order_id: int) -> Order:
     (`OrderAlreadyPaid`) or cancelled (`OrderNotPayable`). The caller's transaction
     holds the row lock until it commits the payment and `order_mark_paid`."""
     order = Order.objects.select_for_update().get(pk=order_id)
-    if not order_takes_payment(order):
-        if order.is_paid:
-            raise OrderAlreadyPaid()
-        if order.status == Order.Status.AUTHORIZED:
-            raise OrderNotPayable(
-                f"Order {order.merchant_order_no} is authorized: capture or void its "
-                "payment."
-            )
-        raise OrderNotPayable()
+    order_check_payable(order)
     return order
+
+
+def order_check_payable(order: Order) -> None:
+    """Refuse a payment the order, as read, cannot take: already paid
+    (`OrderAlreadyPaid`), authorized or cancelled (`OrderNotPayable`). The refusals
+    of a pay request, also for one that finds its order changed when it resumes."""
+    if order_takes_payment(order):
+        return
+    if order.is_paid:
+        raise OrderAlreadyPaid()
+    if order.status == Order.Status.AUTHORIZED:
+        raise OrderNotPayable(
+            f"Order {order.merchant_order_no} is authorized: capture or void its "
+            "payment."
+        )
+    raise OrderNotPayable()
 
 
 def order_takes_payment(order: Order) -> bool:

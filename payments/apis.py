@@ -13,6 +13,8 @@ from idempotency.decorators import idempotent
 from idempotency.engine import Phases
 from idempotency.models import IdempotencyRecord
 from ledger.auth import authenticated
+from ledger.exceptions import DomainError
+from ledger.problems import PROBLEM_CONTENT_TYPE, problem
 from ledger.renderers import JSONRenderer
 from orders.apis import IDEMPOTENCY_KEY
 from orders.fields import (
@@ -138,8 +140,24 @@ def _created(payment: Payment) -> Response:
 
 @register_resumer("orders.pay")
 def resume_pay_with_provider(record: IdempotencyRecord, idem: Phases) -> HttpResponse:
-    """Beat's completer finishing a provider payment whose client never came back."""
-    payment = payment_pay_with_provider(order_id=idem.data["order_id"], phases=idem)
+    """Beat's completer finishing a provider payment whose client never came back.
+
+    A refusal (the order was paid another way or cancelled meanwhile) is answered
+    as the API answers it, and stored for the client's retry; a provider that does
+    not answer is raised, and the key left for the next run."""
+    try:
+        payment = payment_pay_with_provider(order_id=idem.data["order_id"], phases=idem)
+    except DomainError as refused:
+        if refused.status >= 500:
+            raise
+        refusal = problem(
+            refused.status, refused.code, refused.title, refused.detail, **refused.extra
+        )
+        return HttpResponse(
+            JSONRenderer().render(refusal),
+            status=refused.status,
+            content_type=PROBLEM_CONTENT_TYPE,
+        )
     body = JSONRenderer().render(PaymentOutputSerializer(payment).data)
     return HttpResponse(body, status=201, content_type="application/json")
 

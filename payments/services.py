@@ -38,6 +38,7 @@ from orders.exceptions import OrderAlreadyPaid
 from orders.models import Order
 from orders.services import (
     order_cancel,
+    order_check_payable,
     order_lock_for_payment,
     order_mark_authorized,
     order_mark_captured,
@@ -364,6 +365,13 @@ def payment_pay_with_provider(
     The provider is called outside any transaction, holding no row lock.
     `return_url` (the shopper's order page) is where the provider's pay page sends
     the payer back; it is recorded with the first step, so a resumed request uses it.
+
+    A request resumed after its order stopped taking money (paid another way or
+    cancelled while the request stood between its steps) is refused as a fresh one
+    would be (`OrderAlreadyPaid`, `OrderNotPayable`; the engine stores the refusal),
+    never answered with a pay page that can no longer be paid: before the provider
+    is asked, nothing is opened there; after it, the charge is cancelled (by the
+    task the record sends, or the one that paid or cancelled the order).
     """
     if phases.recovery_point == "started":
         with phases.phase("payment_created"):
@@ -372,6 +380,13 @@ def payment_pay_with_provider(
                 payment_id=payment.pk, order_id=order_id, return_url=return_url
             )
     payment = Payment.objects.select_related("order").get(pk=phases.data["payment_id"])
+    to_charge = phases.recovery_point == "payment_created" and not payment.pay_url
+    if to_charge and _start_again(payment):
+        # Closed or no longer payable since the first step committed: start again
+        # as a fresh request, under the order's lock, before asking the provider.
+        with phases.phase("payment_created"):
+            payment = payment_provider_start(order_id=payment.order_id)
+            phases.data["payment_id"] = payment.pk
     if phases.recovery_point == "payment_created" and not payment.pay_url:
         order = payment.order
         # The merchant order number is the provider's idempotency key: a resumed
@@ -389,7 +404,23 @@ def payment_pay_with_provider(
                 provider_txn_id=charge.txn_id,
                 pay_url=charge.pay_url,
             )
+    if payment.status in _UNPAID:
+        # Its order, as read with the payment after the last step, may have been
+        # paid another way or cancelled meanwhile: its pay page is no answer then.
+        order_check_payable(payment.order)
     return payment
+
+
+# A provider payment that took no money: open, or closed without it.
+_UNPAID = (Payment.Status.PENDING, Payment.Status.CANCELLED, Payment.Status.FAILED)
+
+
+def _start_again(payment: Payment) -> bool:
+    """A resumed pay request's payment that took no money and can take none as it
+    is: closed (cancelled, failed), or open for an order that no longer takes it."""
+    if payment.status == Payment.Status.PENDING:
+        return not order_takes_payment(payment.order)
+    return payment.status in _UNPAID
 
 
 def payment_provider_start(*, order_id: int) -> Payment:
@@ -425,7 +456,7 @@ def payment_record_charge(
     Payment.objects.filter(pk=payment_id, provider_txn_id="").update(
         provider_txn_id=provider_txn_id, pay_url=pay_url, updated_at=timezone.now()
     )
-    payment = Payment.objects.get(pk=payment_id)
+    payment = Payment.objects.select_related("order").get(pk=payment_id)
     if payment.status == Payment.Status.CANCELLED:
         enqueue_on_commit(CANCEL_OPEN_CHARGES, payment.order_id)
     return payment

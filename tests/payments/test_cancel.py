@@ -16,7 +16,6 @@ import pytest
 from django.db import connection
 from django.utils import timezone
 
-from idempotency.models import IdempotencyRecord
 from ledger.invariants import ledger_report
 from ledger.services import external_account, merchant_account
 from orders.models import Order
@@ -284,35 +283,6 @@ def test_cancels_racing_a_confirmation_end_one_way(provider):
         assert Refund.objects.count() == 1
     assert_paid_once_from_the_balance(order, wallet, 5000)
     connection.close()
-
-
-def test_a_charge_opened_after_the_cancel_is_cancelled_too(provider, settings):
-    """The pay request stopped between its phases (the provider was down), the
-    order was paid from the balance and the cancel found no charge; the pay
-    request's retry then opens the charge, which is cancelled as soon as it is
-    recorded."""
-    user, api, wallet = customer("erin", balance=5000)
-    order = place_order(user, amount=1500)
-    key = new_key()
-    live = settings.PAYMENT_PROVIDER_URL
-    settings.PAYMENT_PROVIDER_URL = f"http://127.0.0.1:{free_port()}/provider"
-    assert pay(api, order, "provider", key).status_code == 503
-    assert IdempotencyRecord.objects.get(key=key).recovery_point == "payment_created"
-    settings.PAYMENT_PROVIDER_URL = live
-    assert pay(api, order, "balance").status_code == 201
-    assert payment_cancel_open_charges_task(order.pk) == 1  # no charge yet
-    provider_payment = Payment.objects.get(method="provider")
-    assert provider_payment.status == Payment.Status.CANCELLED
-    assert not Charge.objects.exists()
-
-    resumed = pay(api, order, "provider", key)  # phases 2 and 3 run now
-    assert resumed.status_code == 201, resumed.content
-    assert resumed.json()["status"] == "cancelled"
-    assert Charge.objects.get().status == Charge.Status.PENDING
-    payment_cancel_open_charges_task(order.pk)  # what its commit sent
-    assert Charge.objects.get().status == Charge.Status.CANCELLED
-    assert CANCELLED_NOTE in httpx.get(resumed.json()["pay_url"]).text
-    assert_paid_once_from_the_balance(order, wallet, 5000)
 
 
 def test_a_charge_opened_while_the_cancel_asks_the_provider_is_cancelled_too(
