@@ -111,6 +111,8 @@ class PaymentAdmin(BackofficeMixin, ReadOnlyAdmin):
         "succeeded_at",
         "provider_txn_id",
         "pay_url",
+        "charge_cancel",
+        "charge_cancelled_at",
         "authorized_amount",
         "hold",
     )

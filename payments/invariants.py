@@ -1,6 +1,7 @@
 """The payments app's additions to `check_ledger`: no order is paid twice, every
-payment matches the ledger and its hold; and a warning for each parked provider
-callback."""
+payment matches the ledger and its hold; and warnings for what waits on the
+provider or an operator (parked callbacks, refunds not returned, charges not
+cancelled, paid orders not shipped)."""
 
 from django.db.models import Count, Q
 
@@ -124,6 +125,23 @@ def refunds_not_returned() -> list[str]:
     ] + [
         f"refund {refund_id} not yet returned by the provider"
         for refund_id in refunds_to_return(older_than_seconds=600)
+    ]
+
+
+@warning_check
+def charges_not_cancelled() -> list[str]:
+    """Charges opened at the provider for payments already cancelled (their pay
+    request recorded the charge after the cancel) that the provider has not
+    confirmed cancelled ten minutes later (beat asks again every minute: the
+    provider is down). The payer can still pay them; the money would come back as a
+    refund."""
+    from .services import charges_not_cancelled as pending
+
+    return [
+        f"payment {pk} (order {no}): its charge is not yet cancelled by the provider"
+        for pk, no in pending(older_than_seconds=600).values_list(
+            "pk", "order__merchant_order_no"
+        )
     ]
 
 

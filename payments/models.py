@@ -97,6 +97,30 @@ class Payment(ProtectedStateMixin, ConcurrentTransitionMixin, models.Model):
         _("provider last asked"), null=True, blank=True
     )
 
+    class ChargeCancel(models.TextChoices):
+        NONE = "", _("No cancel to follow up")
+        PENDING = "pending", _("To be cancelled by the provider")
+        CONFIRMED = "confirmed", _("Cancelled by the provider")
+
+    # A charge opened for a payment already cancelled (its pay request recorded it
+    # after the cancel found no charge) is cancelled by a task the record sends:
+    # `pending` until the provider confirms the cancel (`confirmed`, with when).
+    # Beat sends the task again for one still pending, as it does for a refund to
+    # return. Payments cancelled before this column have it empty, as have those
+    # a process of the release before it cancels (a rolling deploy): its database
+    # default.
+    charge_cancel = models.CharField(
+        _("charge cancel at the provider"),
+        max_length=16,
+        choices=ChargeCancel.choices,
+        default=ChargeCancel.NONE,
+        db_default=ChargeCancel.NONE,
+        blank=True,
+    )
+    charge_cancelled_at = models.DateTimeField(
+        _("charge cancelled"), null=True, blank=True
+    )
+
     class Meta:
         verbose_name = _("payment")
         verbose_name_plural = _("payments")

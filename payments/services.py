@@ -59,6 +59,7 @@ from .exceptions import (
 )
 from .models import Payment, ProviderEvent, Refund, Shipment
 from .provider_client import (
+    ProviderCharge,
     provider_charge_cancel,
     provider_charge_create,
     provider_charge_get,
@@ -451,13 +452,22 @@ def payment_record_charge(
 
     The payment may have been cancelled while its pay request talked to the
     provider (the order was paid another way, and the cancel found no charge yet):
-    the charge just opened is then cancelled too, by a task sent after commit.
+    the charge just opened is then cancelled too, by a task sent after commit. The
+    payment's `charge_cancel` says `pending` until the provider confirms it, so
+    that beat sends the task again if it is lost (a broker that did not take it).
     """
     Payment.objects.filter(pk=payment_id, provider_txn_id="").update(
         provider_txn_id=provider_txn_id, pay_url=pay_url, updated_at=timezone.now()
     )
     payment = Payment.objects.select_related("order").get(pk=payment_id)
     if payment.status == Payment.Status.CANCELLED:
+        # Pending since now by the database's clock (`updated_at`, which nothing
+        # else moves until the cancel is confirmed), as beat's re-drive reads it.
+        Payment.objects.filter(
+            pk=payment.pk,
+            status=Payment.Status.CANCELLED,
+            charge_cancel=Payment.ChargeCancel.NONE,
+        ).update(charge_cancel=Payment.ChargeCancel.PENDING, updated_at=Now())
         enqueue_on_commit(CANCEL_OPEN_CHARGES, payment.order_id)
     return payment
 
@@ -715,11 +725,34 @@ def payment_cancel_open_charges(*, order_id: int) -> list[Payment]:
         for p in payments
         if p.status == Payment.Status.PENDING
     ]
+    _charge_cancel_confirmed(recorded, charge)
     if any(p.status == Payment.Status.PENDING for p in closed):
         # A charge was recorded meanwhile: it exists at the provider now, and the
         # next round cancels it (a transaction, once recorded, never changes).
         return payment_cancel_open_charges(order_id=order_id)
     return closed
+
+
+def _charge_cancel_confirmed(
+    recorded: dict[int, str], charge: ProviderCharge | None
+) -> None:
+    """Mark confirmed the cancel of the charges the provider just said are closed:
+    of each cancelled payment whose transaction, recorded before the provider was
+    asked, is the one it cancelled (or it has no charge under the order's number at
+    all: nothing there can be paid). One conditional UPDATE; a repeat changes
+    nothing."""
+    closed_txns = {p: txn for p, txn in recorded.items() if txn}
+    if charge is not None:
+        cancelled = charge.status == "CANCELLED"
+        closed_txns = {
+            p: t for p, t in closed_txns.items() if cancelled and t == charge.txn_id
+        }
+    if closed_txns:
+        Payment.objects.filter(
+            pk__in=closed_txns, status=Payment.Status.CANCELLED
+        ).exclude(charge_cancel=Payment.ChargeCancel.CONFIRMED).update(
+            charge_cancel=Payment.ChargeCancel.CONFIRMED, charge_cancelled_at=Now()
+        )
 
 
 def shipment_create(*, order_id: int) -> Shipment | None:
@@ -1002,6 +1035,31 @@ def refunds_to_return(*, older_than_seconds: int, limit: int = 500) -> list[int]
         .order_by("pk")
         .values_list("pk", flat=True)[:limit]
     )
+
+
+def charges_to_cancel(*, older_than_seconds: int, limit: int = 500) -> list[int]:
+    """Ids of the orders of cancelled provider payments whose charge, opened after
+    the cancel, the provider has not confirmed cancelled `older_than_seconds` after
+    it was recorded: their task was lost, or the provider did not answer."""
+    pending = charges_not_cancelled(older_than_seconds=older_than_seconds)
+    return list(
+        pending.order_by("order_id")
+        .values_list("order_id", flat=True)
+        .distinct()[:limit]
+    )
+
+
+def charges_not_cancelled(*, older_than_seconds: int) -> QuerySet[Payment]:
+    """Cancelled provider payments whose charge's cancel the provider has not
+    confirmed `older_than_seconds` after it was recorded (by the database's clock),
+    oldest first."""
+    cutoff = DatabaseNow(plus=-timedelta(seconds=older_than_seconds))
+    return Payment.objects.filter(
+        method=Payment.Method.PROVIDER,
+        status=Payment.Status.CANCELLED,
+        charge_cancel=Payment.ChargeCancel.PENDING,
+        updated_at__lt=cutoff,
+    ).order_by("pk")
 
 
 def inbox_stuck(*, older_than_seconds: int, limit: int = 500) -> tuple[list, list]:

@@ -97,9 +97,10 @@ def cancel_expired_orders() -> int:
 
 @shared_task
 def redrive_inbox() -> int:
-    """Send again the tasks of provider events, shipments and refunds to return at
-    the provider that still wait a minute after they were made (each task is a
-    no-op if it already ran); a parked event waits for an operator instead."""
+    """Send again the tasks of provider events, shipments, refunds to return at
+    the provider and charges to cancel there that still wait a minute after they
+    were made (each task is a no-op if it already ran); a parked event waits for an
+    operator instead."""
     events, shipments = services.inbox_stuck(older_than_seconds=60)
     for event_id in events:
         provider_event_process_task.delay(event_id)
@@ -108,7 +109,10 @@ def redrive_inbox() -> int:
     refunds = services.refunds_to_return(older_than_seconds=60)
     for refund_id in refunds:
         refund_return_at_provider_task.delay(refund_id)
-    return len(events) + len(shipments) + len(refunds)
+    orders = services.charges_to_cancel(older_than_seconds=60)
+    for order_id in orders:
+        payment_cancel_open_charges_task.delay(order_id)
+    return len(events) + len(shipments) + len(refunds) + len(orders)
 
 
 @shared_task

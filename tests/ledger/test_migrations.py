@@ -128,3 +128,43 @@ def test_stored_keys_are_compared_byte_for_byte_after_the_migration(on_postgres)
         )
         plan = " ".join(row[0] for row in cursor.fetchall())
     assert "idempotency_scope_key" in plan
+
+
+@pytest.mark.django_db(transaction=True)
+def test_payments_cancelled_before_the_charge_cancel_column_are_not_sent_again(
+    on_postgres,
+):
+    """payments' 0012 adds `charge_cancel` with a database default: a payment
+    cancelled before it, or inserted by a process of the release before it (a
+    rolling deploy, which names none of the new columns), has it empty, so beat
+    does not send its cancel again blindly."""
+    from payments.models import Payment
+    from payments.services import charges_to_cancel
+    from tests.factories import OrderFactory
+
+    order = OrderFactory(status=90)  # cancelled
+    migrate([("payments", "0011_refund_at_provider")])
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "INSERT INTO payments_payment (order_id, method, amount, currency,"
+                " status, updated_at, provider_txn_id, pay_url)"
+                " VALUES (%s, 'provider', 1000, 'CNY', 'cancelled',"
+                " now() - interval '1 hour', 'Told', 'http://provider.invalid/pay/1')",
+                [order.pk],
+            )
+    finally:
+        migrate()
+    with connection.cursor() as cursor:  # the previous release, after the migration
+        cursor.execute(
+            "INSERT INTO payments_payment (order_id, method, amount, currency,"
+            " status, updated_at, provider_txn_id, pay_url)"
+            " VALUES (%s, 'provider', 1000, 'CNY', 'cancelled',"
+            " now() - interval '1 hour', 'Tnew', 'http://provider.invalid/pay/2')",
+            [order.pk],
+        )
+    rows = Payment.objects.order_by("pk").values_list(
+        "provider_txn_id", "charge_cancel", "charge_cancelled_at"
+    )
+    assert list(rows) == [("Told", "", None), ("Tnew", "", None)]
+    assert charges_to_cancel(older_than_seconds=60) == []
