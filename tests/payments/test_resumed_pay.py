@@ -7,7 +7,10 @@ Over real HTTP: a gunicorn serves our API and the provider simulator; the pay
 requests go through the API as a client sends them.
 """
 
+from datetime import timedelta
+
 import pytest
+from django.utils import timezone
 
 from idempotency.completer import complete_stuck
 from idempotency.models import IdempotencyRecord
@@ -15,6 +18,7 @@ from orders.models import Order
 from payments import services
 from payments.models import Payment
 from payments.provider.models import Charge
+from payments.services import payment_redrive
 from payments.tasks import payment_cancel_open_charges_task
 from tests.conftest import Background, run_in_threads
 from tests.helpers import (
@@ -185,3 +189,33 @@ def test_a_resumed_pay_request_racing_the_balance_payment_ends_one_way(
     assert Payment.objects.get(method="provider").status == "cancelled"
     assert set(Charge.objects.values_list("status", flat=True)) <= {"CANCELLED"}
     assert_paid_once_from_the_balance(order, wallet, 5000)
+
+
+def test_a_resumed_pay_request_whose_payment_failed_meanwhile_pays_anew(
+    provider, settings
+):
+    """The order still takes money, but beat's re-drive failed the payment while
+    the request stood between its steps (the provider had no charge): the retry
+    opens the order's payment again, as a fresh request would, and answers its pay
+    page, not the failed payment's."""
+    user, api, _ = customer("ned", balance=0)
+    order = place_order(user, amount=1250)
+    key = cut_off_after_phase_one(api, order, settings)
+    failed = Payment.objects.get(method="provider")
+    Payment.objects.filter(pk=failed.pk).update(
+        created_at=timezone.now() - timedelta(hours=1)
+    )
+    assert payment_redrive(payment_id=failed.pk).status == Payment.Status.FAILED
+
+    resumed = pay(api, order, "provider", key)
+    assert resumed.status_code == 201, resumed.content
+    body = resumed.json()
+    assert body["id"] != failed.pk
+    assert body["status"] == "pending" and body["pay_url"]
+    assert Charge.objects.get().txn_id == body["provider_txn_id"]
+    failed.refresh_from_db()
+    assert (failed.status, failed.pay_url) == (Payment.Status.FAILED, "")
+    again = pay(api, order, "provider", key)
+    assert again.headers["Idempotent-Replayed"] == "true"
+    assert again.content == resumed.content
+    assert_ledger_ok()
