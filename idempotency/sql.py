@@ -19,8 +19,10 @@ starves the writers it shares the table with.
 
 `DatabaseNow`: times that decide who may act (leases, take-overs, expiry) come from
 the database's clock, never a host's: hosts' clocks disagree, the database's is one.
-On PostgreSQL it is `clock_timestamp()` (the time the statement reads it, not the
-transaction's start), put into the statements that run anyway. SQLite runs inside
+On PostgreSQL it is `statement_timestamp()` (when the statement started, not the
+transaction), put into the statements that run anyway; not `clock_timestamp()`,
+which is volatile: a condition on it cannot use an index, so `expires_at <
+clock_timestamp()` reads the whole table to find a few expired rows. SQLite runs inside
 this process: its clock is this host's, read here and passed in, formatted as the
 ORM formats it (so that times stored both ways compare, and equal, as text).
 """
@@ -60,7 +62,7 @@ class DatabaseNow(Expression):
 
     def as_sql(self, compiler: Any, connection: Any) -> Any:
         if connection.vendor == "postgresql":
-            return "(CLOCK_TIMESTAMP() + %s)", (self.plus,)
+            return "(STATEMENT_TIMESTAMP() + %s)", (self.plus,)
         moment = timezone.now() + self.plus
         return "%s", (connection.ops.adapt_datetimefield_value(moment),)
 

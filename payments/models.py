@@ -135,6 +135,20 @@ class Payment(ProtectedStateMixin, ConcurrentTransitionMixin, models.Model):
                 condition=Q(amount__gt=0), name="payment_amount_positive"
             ),
         ]
+        indexes = [
+            # Beat's re-drives look for these few rows among every payment ever
+            # made, every minute (tests/ops/test_periodic_queries.py).
+            models.Index(
+                fields=["created_at"],
+                condition=Q(method="provider", status="pending"),
+                name="payment_provider_pending",
+            ),
+            models.Index(
+                fields=["updated_at"],
+                condition=Q(charge_cancel="pending"),
+                name="payment_charge_cancel_pending",
+            ),
+        ]
 
     def __str__(self) -> str:
         return f"payment {self.pk} ({self.method}, {self.status})"
@@ -229,6 +243,13 @@ class Refund(models.Model):
         constraints = [
             models.CheckConstraint(
                 condition=Q(amount__gt=0), name="refund_amount_positive"
+            ),
+        ]
+        indexes = [
+            models.Index(  # beat's re-drive of refunds the provider did not confirm
+                fields=["created_at"],
+                condition=Q(at_provider="pending"),
+                name="refund_at_provider_pending",
             ),
         ]
 
@@ -329,6 +350,13 @@ class Shipment(models.Model):
     class Meta:
         verbose_name = _("shipment")
         verbose_name_plural = _("shipments")
+        indexes = [
+            models.Index(  # beat's re-drive of shipments whose task was lost
+                fields=["created_at"],
+                condition=Q(status="pending"),
+                name="shipment_pending",
+            ),
+        ]
 
     def __str__(self) -> str:
         return f"shipment of order {self.order_id} ({self.status})"

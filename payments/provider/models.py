@@ -1,6 +1,7 @@
 """The simulator's own storage: charges and the callbacks it owes the merchant."""
 
 from django.db import models
+from django.db.models import Q
 from django.utils.translation import gettext_lazy as _
 
 
@@ -61,6 +62,13 @@ class Notification(models.Model):
     class Meta:
         verbose_name = _("notification")
         verbose_name_plural = _("notifications")
+        indexes = [
+            models.Index(  # beat's redelivery of the ones lost on the way
+                fields=["created_at"],
+                condition=Q(delivered_at__isnull=True),
+                name="notification_undelivered",
+            ),
+        ]
 
     def __str__(self) -> str:
         return self.event_id
