@@ -13,17 +13,15 @@ class AddIndexOnline(AddIndexConcurrently):
     """
 
     def database_forwards(self, app_label, schema_editor, from_state, to_state):
-        if schema_editor.connection.vendor == "postgresql":
-            super().database_forwards(app_label, schema_editor, from_state, to_state)
-        else:
-            AddIndex.database_forwards(
-                self, app_label, schema_editor, from_state, to_state
-            )
+        way = _way(schema_editor)
+        way.database_forwards(self, app_label, schema_editor, from_state, to_state)
 
     def database_backwards(self, app_label, schema_editor, from_state, to_state):
-        if schema_editor.connection.vendor == "postgresql":
-            super().database_backwards(app_label, schema_editor, from_state, to_state)
-        else:
-            AddIndex.database_backwards(
-                self, app_label, schema_editor, from_state, to_state
-            )
+        way = _way(schema_editor)
+        way.database_backwards(self, app_label, schema_editor, from_state, to_state)
+
+
+def _way(schema_editor) -> type[AddIndex]:
+    if schema_editor.connection.vendor == "postgresql":
+        return AddIndexConcurrently
+    return AddIndex
