@@ -23,7 +23,7 @@ from typing import Any, cast
 from django.conf import settings
 from django.contrib.auth.models import User
 from django.db import IntegrityError, OperationalError, connection, transaction
-from django.db.models import F, Q, QuerySet
+from django.db.models import Exists, F, OuterRef, Q, QuerySet
 from django.db.models.sql import UpdateQuery
 from django.utils import timezone
 from django_fsm import TransitionNotAllowed
@@ -968,14 +968,33 @@ def transfer_batch_create(
     statements, and their text, do not grow with the number of items.
     """
     usernames = {item.to for item in items}
+    default = settings.LEDGER_DEFAULT_CURRENCY
     recipients = {
         user.get_username(): user
         # Only customers receive: staff and deactivated users are nobody to send to
         # (and a refusal of theirs must not tell that they exist).
         for user in User.objects.filter(
             username__in=usernames, is_active=True, is_staff=False
-        ).exclude(pk=sender.pk)
+        )
+        .exclude(pk=sender.pk)
+        .annotate(
+            has_default_wallet=Exists(
+                Account.objects.filter(
+                    owner=OuterRef("pk"), kind=Account.Kind.WALLET, currency=default
+                )
+            )
+        )
     }
+    # Every customer has a wallet in the default currency, made when the API first
+    # shows it (`accounts/me`); one who never looked receives into it all the same.
+    # Made before any row is locked, in username order: a wallet being made
+    # elsewhere is waited for while this holds no lock, and two transfers making
+    # the same wallets never wait for each other in a circle. (A refusal rolls it
+    # back with the rest.)
+    for username in sorted({item.to for item in items if item.currency == default}):
+        user = recipients.get(username)
+        if user is not None and not user.has_default_wallet:  # type: ignore[attr-defined]
+            wallet_get_or_create(owner_id=user.pk, currency=default)
     locked = Account.objects.select_for_update().filter(
         owner_id__in=[sender.pk, *(user.pk for user in recipients.values())],
         kind=Account.Kind.WALLET,

@@ -226,6 +226,31 @@ def test_staff_and_deactivated_users_are_no_recipients(alice, who):
     assert balance(wallet) == 10_000
 
 
+def test_a_customer_with_no_wallet_yet_receives_in_the_default_currency(alice):
+    """A customer made in the admin has no wallet row until the API first shows it
+    (`accounts/me` makes it): the transfer makes it too, rather than refusing with
+    a `currency_mismatch` that a mere read by the recipient would have avoided."""
+    from django.contrib.auth import get_user_model
+
+    get_user_model().objects.create_user("dave")
+    _, client, wallet = alice
+    wallets = Account.objects.filter(owner__username="dave", kind="wallet")
+    # Refused, it makes nothing: the wallet comes with the money or not at all.
+    refused = {"to": "dave", "amount": 10_001, "currency": "CNY"}
+    assert_problem(send(client, refused), 422, "insufficient_funds")
+    assert not wallets.exists()
+
+    response = send(client, {"to": "dave", "amount": 300, "currency": "CNY"})
+
+    assert response.status_code == 201, response.content
+    assert (balance(wallet), balance(wallets.get(currency="CNY"))) == (9_700, 300)
+    # Another currency is one the recipient must hold a wallet in.
+    other = {"to": "dave", "amount": 1, "currency": "USD"}
+    assert_problem(send(client, other), 422, "currency_mismatch")
+    assert list(wallets.values_list("currency", flat=True)) == ["CNY"]
+    assert ledger_report()["ok"]
+
+
 @pytest.mark.parametrize(
     ("body", "status", "code"),
     [
