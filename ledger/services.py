@@ -930,6 +930,9 @@ def _transfer_refusal(
         return RecipientUnknown(f"No customer is called {item.to!r}.")
     source = wallets.get((sender.pk, item.currency))
     destination = wallets.get((recipient.pk, item.currency))
+    if source is None and item.currency == settings.LEDGER_DEFAULT_CURRENCY:
+        # Not made yet (`accounts/me` makes it): the empty wallet it would show.
+        return InsufficientFunds(balance=0, held=0, available=0, amount=item.amount)
     if source is None or destination is None:
         whose = "You hold" if source is None else f"{item.to} holds"
         return CurrencyMismatch(f"{whose} no {item.currency} wallet.")

@@ -251,6 +251,27 @@ def test_a_customer_with_no_wallet_yet_receives_in_the_default_currency(alice):
     assert ledger_report()["ok"]
 
 
+def test_a_sender_with_no_wallet_yet_has_nothing_to_send(bob):
+    """Its wallet in the default currency is the empty one `accounts/me` would
+    show it: not enough money, not a currency it lacks."""
+    from django.contrib.auth import get_user_model
+    from rest_framework.authtoken.models import Token
+
+    dave = get_user_model().objects.create_user("dave")
+    token = Token.objects.create(user=dave)
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Token {token.key}")
+
+    answer = send(client, {"to": "bob", "amount": 1, "currency": "CNY"})
+
+    assert_problem(answer, 422, "insufficient_funds")
+    problem = answer.json()
+    assert (problem["balance"], problem["held"], problem["available"]) == (0, 0, 0)
+    assert not Account.objects.filter(owner=dave).exists()
+    batch = {"transfers": [{"to": "bob", "amount": 1, "currency": "CNY"}]}
+    assert_problem(send(client, batch), 422, "insufficient_funds")
+
+
 @pytest.mark.parametrize(
     ("body", "status", "code"),
     [
