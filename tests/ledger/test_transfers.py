@@ -473,6 +473,34 @@ def test_one_key_from_10_threads_transfers_once():
     assert IdempotencyRecord.objects.filter(key=key).count() == 1
 
 
+@pytest.mark.django_db(transaction=True)
+def test_batches_racing_to_recipients_with_no_wallet_yet_make_each_once():
+    """Two customers nobody has paid yet, sent to from 10 threads, the two named in
+    either order: each gets one wallet and every transfer, and nobody deadlocks."""
+    from django.contrib.auth import get_user_model
+
+    for name in ("dave", "erin"):
+        get_user_model().objects.create_user(name)
+    clients = []
+    for i in range(10):
+        customer(f"sender{i}", balance=1000)
+        clients.append(client_of(f"sender{i}"))
+
+    def work(i: int):
+        pair = ["dave", "erin"] if i % 2 else ["erin", "dave"]
+        items = [{"to": to, "amount": 10, "currency": "CNY"} for to in pair]
+        return send(clients[i], {"transfers": items}).status_code
+
+    assert run_in_threads(10, work) == [201] * 10
+    wallets = Account.objects.filter(owner__username__in=["dave", "erin"])
+    assert sorted(wallets.values_list("owner__username", "currency", "balance")) == [
+        ("dave", "CNY", 100),
+        ("erin", "CNY", 100),
+    ]
+    report = ledger_report()
+    assert report["ok"], report["violations"]
+
+
 def test_a_wait_preference_of_a_non_ascii_digit_is_no_preference(alice, bob):
     # `Prefer: wait=\u00b2` (a latin-1 header may carry it): once a 500.
     _, client, _ = alice
