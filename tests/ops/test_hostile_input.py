@@ -122,6 +122,37 @@ def test_deep_nesting_just_inside_the_bound_is_parsed(world):
     assert problem["errors"] == {"x": ["Unknown field."]}
 
 
+# A name twice in one object ------------------------------------------------------
+
+
+DUPLICATE_AMOUNT = b'{"to": "bob", "amount": 5, "amount": 6}'
+
+
+def test_a_name_twice_in_an_object_is_malformed_json_on_every_write(world):
+    """`{"amount": 5, "amount": 6}`: Python reads 6, other parsers 5; a proxy or an
+    auditor in front of the app could read another payment than the one made."""
+    customer("bob")
+    nested = b'{"to": "bob", "amount": 5, "x": {"a": 1, "a": 2}}'
+    for path in world.writes():
+        for raw in (DUPLICATE_AMOUNT, nested):
+            response = world.post(path, raw)
+            assert_problem(response, 400, "malformed_json")
+            assert "appears twice" in response.json()["detail"], path
+    assert_problem(post_callback(DUPLICATE_AMOUNT), 400, "malformed_json")
+    assert world.count() == world.counts
+
+
+def test_the_corrected_request_may_use_the_key_of_one_with_a_name_twice(world):
+    customer("bob")
+    key = new_key("twice")
+    assert_problem(
+        world.post("/api/v1/transfers", DUPLICATE_AMOUNT, key), 400, "malformed_json"
+    )
+    corrected = world.post("/api/v1/transfers", b'{"to": "bob", "amount": 6}', key)
+    assert corrected.status_code == 201, corrected.content
+    assert world.count()["transfers"] == world.counts["transfers"] + 1
+
+
 # A megabyte of items or of unknown fields ----------------------------------------
 
 
