@@ -5,7 +5,7 @@ from django.http import HttpRequest
 from django.utils.translation import gettext
 from django.utils.translation import gettext_lazy as _
 
-from .models import AuditEntry, IdempotencyRecord
+from .models import AuditEntry, IdempotencyRecord, Lease
 from .services import KeyNotForgettable, record_forget
 
 
@@ -104,6 +104,26 @@ class AuditEntryAdmin(admin.ModelAdmin):
         "endpoint",
         "record",
     )
+    fields = readonly_fields
+
+    def has_add_permission(self, request, obj=None) -> bool:
+        return False
+
+    def has_change_permission(self, request, obj=None) -> bool:
+        return False
+
+    def has_delete_permission(self, request, obj=None) -> bool:
+        return False
+
+
+@admin.register(Lease)
+class LeaseAdmin(admin.ModelAdmin):
+    """Which process holds each worker id and the beat lead, until when: read-only,
+    since only `idempotency.leases` may write a lease (by the database's clock)."""
+
+    list_display = ("name", "holder", "acquired_at", "expires_at")
+    search_fields = ("name", "holder")
+    readonly_fields = ("name", "holder", "acquired_at", "expires_at")
     fields = readonly_fields
 
     def has_add_permission(self, request, obj=None) -> bool:

@@ -21,7 +21,7 @@ from ledger.money import format_money
 from orders.admin import OrderAdmin
 from orders.models import Order
 
-from .models import Payment, ProviderEvent, Refund, Shipment
+from .models import CallbackNonce, Payment, ProviderEvent, Refund, Shipment
 from .services import (
     payment_capture,
     payment_refund,
@@ -328,3 +328,12 @@ class ProviderEventAdmin(ReadOnlyAdmin):
 class ShipmentAdmin(ReadOnlyAdmin):
     list_display = ("order", "status", "created_at", "dispatched_at")
     list_filter = ("status",)
+
+
+@admin.register(CallbackNonce)
+class CallbackNonceAdmin(ReadOnlyAdmin):
+    """The callback nonces seen and not yet purged: a nonce here refuses a replayed
+    callback, so none is edited or deleted by hand."""
+
+    list_display = ("nonce", "expires_at")
+    search_fields = ("nonce",)
