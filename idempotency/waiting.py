@@ -63,7 +63,8 @@ def preferred_wait(prefer: str | None) -> int:
     """The seconds a `Prefer` header asks to wait (RFC 7240 `wait=N`), 1..10: a
     larger value counts as 10, anything but a positive integer as no preference."""
     for preference in (prefer or "").split(","):
-        name, _, value = preference.strip().partition("=")
+        # `wait=5; param`: what follows `;` is the preference's parameters.
+        name, _, value = preference.partition(";")[0].strip().partition("=")
         if name.strip().lower() == "wait":
             value = value.strip().strip('"')
             digits = value.lstrip("0")

@@ -231,6 +231,9 @@ def test_a_wait_on_the_lock_ends_by_its_deadline_however_little_is_left(
         ("respond-async, wait=10", 10),
         ("wait=600", 10),
         ('wait="4"', 4),
+        # RFC 7240: a preference may carry parameters after `;`, not part of N.
+        ("wait=5; foo=bar", 5),
+        ("respond-async; x=1, wait=6;y", 6),
         ("wait=0", 0),
         ("wait=1.5", 0),
         ("wait=\u00b2", 0),  # a digit to str.isdigit, not to int(): once a 500
