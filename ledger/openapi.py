@@ -5,10 +5,11 @@ without each view repeating it:
 
 - on each method decorated with `@idempotent(...)`: the `Idempotency-Key` request
   header (required unless the endpoint's mode is "optional"), the
-  `Idempotent-Replayed` response header, `Retry-After` on 409/503 and the engine's
+  `Idempotent-Replayed` response header, `Prefer: wait=N` and its
+  `Preference-Applied`, `Retry-After` on 409/503 and the engine's
   refusals (400 missing/invalid key, 409 in flight, 422 reused, 503 unavailable);
 - the error responses an API operation can give (401, 404 on paths with parameters,
-  400/409/422 on writes), each `application/problem+json` with the `Problem`
+  400/409/413/415/422 on writes), each `application/problem+json` with the `Problem`
   component, whose `code` enumerates every stable code the app can answer with.
 
 A new endpoint needs nothing more than `@idempotent` (and `@extend_schema` for its
@@ -57,6 +58,23 @@ RETRY_AFTER = OpenApiParameter(
     response=[409, 503],
     description="Seconds to wait before retrying with the same key "
     "(sent with idempotency_key_in_flight and idempotency_unavailable).",
+)
+PREFER = OpenApiParameter(
+    "Prefer",
+    str,
+    OpenApiParameter.HEADER,
+    required=False,
+    description="`wait=N` (1 to 10 seconds; more counts as 10): if the key's first "
+    "request is still in flight, wait up to N seconds for it and replay its answer "
+    "instead of answering 409 idempotency_key_in_flight at once.",
+)
+PREFERENCE_APPLIED = OpenApiParameter(
+    "Preference-Applied",
+    str,
+    OpenApiParameter.HEADER,
+    response=True,
+    description="`wait=N` when the request waited for the key's first request, as "
+    "its `Prefer: wait=N` asked.",
 )
 
 # Codes the idempotency layer itself answers with (only on idempotent operations).
@@ -192,7 +210,8 @@ class LedgerAutoSchema(AutoSchema):
                     required=False,
                     description=f"Optional here. {key.description}",
                 )
-            parameters += [key, IDEMPOTENT_REPLAYED, RETRY_AFTER]
+            parameters += [key, PREFER, IDEMPOTENT_REPLAYED, PREFERENCE_APPLIED]
+            parameters += [RETRY_AFTER]
         return parameters
 
     def _has_parameter(self, name: str) -> bool:
@@ -211,7 +230,8 @@ class LedgerAutoSchema(AutoSchema):
         if "{" in self.path or self._has_parameter("cursor"):
             wanted.add(404)  # an unknown object, or a cursor that names none
         if writes:
-            wanted |= {409, 413, 422}  # 413: a body over the limit
+            # 413: a body over the limit; 415: not JSON, or in a content coding.
+            wanted |= {409, 413, 415, 422}
         if idempotent:
             wanted |= {409, 422, 503}
         if not (writes or idempotent):

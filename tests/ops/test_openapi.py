@@ -71,6 +71,24 @@ def test_every_idempotent_operation_documents_the_contract(schema):
             assert code in responses[status]["description"], (path, status)
         if marker["default"] == "required":
             assert "idempotency_key_missing" in responses["400"]["description"]
+        # Prefer: wait=N, and the header that says it was honoured.
+        (prefer,) = [p for p in operation["parameters"] if p["name"] == "Prefer"]
+        assert prefer["in"] == "header" and not prefer.get("required", False)
+        assert all(
+            "Preference-Applied" in responses[c]["headers"] for c in [*success, "409"]
+        ), path
+
+
+def test_every_write_documents_the_refusal_of_its_media_type(schema):
+    """The contract's form refusals are 400, 413 and 415: each is in the schema."""
+    for path, operations in schema["paths"].items():
+        for method, operation in operations.items():
+            if method in ("post", "put", "patch", "delete"):
+                responses = operation["responses"]
+                assert "unsupported_media_type" in responses["415"]["description"], (
+                    path,
+                    method,
+                )
 
 
 def test_every_error_is_a_documented_problem(schema):
