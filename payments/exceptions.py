@@ -23,6 +23,8 @@ class CallbackSignatureInvalid(DomainError):
         "The X-Provider-Signature header is missing, malformed, stale, replayed or "
         "does not match the body."
     )
+    # RFC 9110: a 401 names how to authenticate; here, the signed header.
+    headers = {"WWW-Authenticate": 'Signature realm="provider-callbacks"'}
 
 
 class CallbackMismatch(DomainError):

@@ -222,6 +222,14 @@ def test_missing_or_malformed_signatures_are_401(payment, header):
     assert not ProviderEvent.objects.exists()
 
 
+def test_a_401_names_how_to_authenticate(payment):
+    """RFC 9110: a 401 carries a WWW-Authenticate challenge; here, the signature
+    header the provider must send."""
+    response = post_callback(event_body(payment), secret="not-the-secret")
+    assert_problem(response, 401, "callback_signature_invalid")
+    assert response["WWW-Authenticate"] == 'Signature realm="provider-callbacks"'
+
+
 def test_a_wrong_secret_or_a_changed_body_is_401(payment, settings):
     body = event_body(payment)
     assert_problem(
