@@ -8,6 +8,8 @@ carries the idempotency key only as a SHA-256 prefix, never the key itself.
 
 `RequestLimitsMiddleware`, next, refuses what no view could answer, before any view
 or the idempotency layer sees it (so nothing is stored under its key).
+
+`ProbeMiddleware`, after it, answers the health, readiness and metrics probes.
 """
 
 import io
@@ -228,3 +230,27 @@ def read_chunked(request: HttpRequest, stream: Any, limit: int | None) -> int | 
         readable = LimitedStream(io.BytesIO(body), len(body))
         request._stream = readable  # type: ignore[assignment]
     return len(body)
+
+
+class ProbeMiddleware:
+    """`/healthz`, `/readyz` and `/metrics` answer whatever `Host` they are asked by.
+
+    A load balancer's health check and Prometheus's scrape name this host by its
+    address (`Host: 10.0.3.7:8000`), which ALLOWED_HOSTS need not list: Django's
+    check of the Host header guards the URLs and cookies an answer builds from it,
+    and these build none. Django checks it when a middleware first asks for the host,
+    which `CommonMiddleware` does on every request, so the probes are answered here,
+    before it; still timed, counted and logged by `RequestLogMiddleware`.
+    """
+
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
+        from .urls import PROBES
+
+        self.get_response = get_response
+        self.probes = {f"/{name}": view for name, view in PROBES.items()}
+
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        probe = self.probes.get(request.path_info)
+        if probe is not None:
+            return probe(request)
+        return self.get_response(request)

@@ -25,11 +25,14 @@ api_v1: list[URLPattern | URLResolver] = [
     path("", include("payments.api_urls")),
 ]
 
+# Asked by machines that name this host by its address (a load balancer's health
+# check, Prometheus): `ledger.middleware.ProbeMiddleware` answers them whatever the
+# Host header says.
+PROBES = {"healthz": views.healthz, "readyz": views.readyz, "metrics": views.metrics}
+
 urlpatterns = [
     path("favicon.ico", views.favicon, name="favicon"),
-    path("healthz", views.healthz, name="healthz"),
-    path("readyz", views.readyz, name="readyz"),
-    path("metrics", views.metrics, name="metrics"),
+    *(path(name, view, name=name) for name, view in PROBES.items()),
     path("admin/", admin.site.urls),
     path("api/v1/", include(api_v1)),
     path("provider/", include("payments.provider.urls")),

@@ -272,3 +272,16 @@ def test_operations_endpoints_answer_another_method_with_405(path):
         assert answer.json()["code"] == "method_not_allowed"
         assert answer["Allow"] == "GET, HEAD"
     assert browser.head("/healthz").status_code == 200
+
+
+@pytest.mark.django_db
+def test_probes_answer_whatever_host_they_are_asked_by(client):
+    """A load balancer's health check and Prometheus's scrape name the host by its
+    address, which ALLOWED_HOSTS does not list; every other page still refuses it."""
+    for host in ("10.0.3.7:8000", "[fd00::7]:8000", "evil.example"):
+        for path in ("/healthz", "/readyz", "/metrics"):
+            answer = client.get(path, HTTP_HOST=host)
+            assert answer.status_code == 200, (host, path, answer.content[:200])
+        assert client.get("/", HTTP_HOST=host).status_code == 400
+        assert client.get("/api/v1/accounts/me", HTTP_HOST=host).status_code == 400
+    assert client.get("/healthz").json() == {"status": "ok"}
