@@ -337,7 +337,7 @@ def _refuse_reuse(record: IdempotencyRecord, call: Call) -> IdempotencyKeyReused
     fields = changed_fields(record.request_fields, call.fields)
     named = ", ".join(fields) if fields else "the body"
     return IdempotencyKeyReused(
-        f"This key was first used with a different request ({named} differ); "
+        f"This key was first used with a different request (changed: {named}); "
         "use a new key for a new operation.",
         fields=fields,
     )
