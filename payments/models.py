@@ -329,11 +329,13 @@ class CallbackNonce(models.Model):
 
 
 class Shipment(models.Model):
-    """The one shipment task of a paid order (the unique order is the guard)."""
+    """The one shipment task of a paid order (the unique order is the guard).
+    Cancelled when the order is refunded before it was dispatched."""
 
     class Status(models.TextChoices):
         PENDING = "pending", _("Pending")
         DISPATCHED = "dispatched", _("Dispatched")
+        CANCELLED = "cancelled", _("Cancelled")
 
     order = models.OneToOneField(
         Order,

@@ -578,7 +578,10 @@ def payment_refund(*, payment_id: int, reason: str = "requested") -> Refund:
     back with a reversing entry (merchant -> the wallet it came from, or -> the
     outside world for a provider payment; its unique reference `refund:<payment>`
     stops a second movement), record the `Refund` (unique per payment), mark the
-    payment refunded and the order refunded (a conditional update).
+    payment refunded and the order refunded (a conditional update), and cancel the
+    order's shipment if it was not dispatched yet: nothing goes out for money that
+    went back (the dispatch is a conditional update of a pending shipment, so the
+    two find what the other did).
     """
     with transaction.atomic(savepoint=False):
         order, payment = _lock(payment_id)
@@ -590,7 +593,10 @@ def payment_refund(*, payment_id: int, reason: str = "requested") -> Refund:
                 "can be refunded."
             )
         refund = _refund_locked(order=order, payment=payment, reason=reason)
-        order_mark_refunded(order_id=order.pk)
+        if order_mark_refunded(order_id=order.pk):
+            Shipment.objects.filter(
+                order_id=order.pk, status=Shipment.Status.PENDING
+            ).update(status=Shipment.Status.CANCELLED)
     return refund
 
 
