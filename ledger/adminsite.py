@@ -23,6 +23,12 @@ An action runs only on a selection whose every id could name a row of its list
 anything else is refused as Django refuses an action it does not know, with a
 message on the list and nothing done.
 
+An add or change form checks its unique values (a product's SKU, a username, the
+user of a token) before it saves, but two presses at the same instant (a double
+click on Save, two staff members) both pass that check, and the second INSERT broke
+the unique constraint: a 500. The site's forms then answer as for a press that came
+second: the form again, with the value named taken, and nothing saved twice.
+
 The site puts these on every admin registered on it, Django's and other apps' too
 (users, tokens, beat's schedules).
 """
@@ -35,7 +41,7 @@ from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
 from django.contrib.admin.options import IncorrectLookupParameters
 from django.contrib.admin.views.main import ChangeList
 from django.core.exceptions import ValidationError
-from django.db import DatabaseError, models, transaction
+from django.db import DatabaseError, IntegrityError, models, transaction
 from django.db.models import Field, QuerySet
 from django.http import HttpRequest, HttpResponse
 from django.utils.translation import gettext
@@ -121,7 +127,39 @@ class SelectionCheckingAdmin(admin.ModelAdmin):
         return None
 
 
-class SiteAdmin(FilterRefusingAdmin, PermittedActionsAdmin, SelectionCheckingAdmin):
+class UniqueRaceAdmin(admin.ModelAdmin):
+    """A ModelAdmin whose forms answer a unique value taken at the same instant by
+    another request as they answer one taken before (see the module doc)."""
+
+    def changeform_view(
+        self,
+        request: HttpRequest,
+        object_id: str | None = None,
+        form_url: str = "",
+        extra_context: dict[str, Any] | None = None,
+    ) -> HttpResponse:
+        try:
+            return super().changeform_view(request, object_id, form_url, extra_context)
+        except IntegrityError:
+            if request.method != "POST":
+                raise
+            # Django's view ran in a transaction of its own, rolled back now; the
+            # row that won the race has committed (PostgreSQL reports the conflict
+            # only then), so the form's own unique check sees it this time.
+            logger.warning(
+                "admin form %s lost a race on a unique value; shown again",
+                request.path,
+                exc_info=True,
+            )
+            return super().changeform_view(request, object_id, form_url, extra_context)
+
+
+class SiteAdmin(
+    FilterRefusingAdmin,
+    PermittedActionsAdmin,
+    SelectionCheckingAdmin,
+    UniqueRaceAdmin,
+):
     """What the site puts on every admin registered on it."""
 
 

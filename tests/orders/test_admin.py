@@ -448,3 +448,47 @@ def test_a_pre_order_cannot_be_deleted_in_the_admin(staff):
     assert page.status_code == 200
     assert b'name="_save"' not in page.content and b"deletelink" not in page.content
     assert PreOrder.objects.filter(pk=preorder.pk).exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_product_added_twice_at_once_is_added_once(admin_user):
+    """A double click on Save of the add form (or two staff members adding the same
+    SKU at the same instant): one product, and the other press is told the SKU is
+    taken, never a 500."""
+    from django.test import Client
+
+    from orders.models import Product
+    from tests.conftest import run_in_threads
+
+    form = {"sku": "TEA-1", "name": "Green tea", "price": "12.80", "currency": "CNY"}
+
+    def work(i: int) -> int:
+        client = Client()
+        client.force_login(admin_user)
+        return client.post("/admin/orders/product/add/", form).status_code
+
+    results = run_in_threads(6, work)
+    assert sorted(results) == [200] * 5 + [302], results
+    assert Product.objects.filter(sku="TEA-1").count() == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_token_added_twice_at_once_for_one_user_is_added_once(admin_user):
+    """The same race on a form the site did not write (DRF's tokens: one per user)."""
+    from django.test import Client
+    from rest_framework.authtoken.models import Token
+
+    from tests.conftest import run_in_threads
+    from tests.factories import UserFactory
+
+    user = UserFactory()
+
+    def work(i: int) -> int:
+        client = Client()
+        client.force_login(admin_user)
+        form = {"user": str(user.pk)}
+        return client.post("/admin/authtoken/tokenproxy/add/", form).status_code
+
+    results = run_in_threads(6, work)
+    assert sorted(results) == [200] * 5 + [302], results
+    assert Token.objects.filter(user=user).count() == 1
