@@ -1,9 +1,9 @@
-"""The payments app's additions to `check_ledger`: no order is paid twice, every
-payment matches the ledger and its hold; and warnings for what waits on the
-provider or an operator (parked callbacks, refunds not returned, charges not
-cancelled, paid orders not shipped)."""
+"""The payments app's additions to `check_ledger`: no order is paid twice, orders
+and payments agree, every payment matches the ledger and its hold; and warnings
+for what waits on the provider or an operator (parked callbacks, refunds not
+returned, charges not cancelled, paid orders not shipped)."""
 
-from django.db.models import Count, Q
+from django.db.models import Count, Exists, OuterRef, Q
 
 from ledger.invariants import invariant, warning_check
 
@@ -29,6 +29,55 @@ def no_order_paid_twice() -> list[str]:
         .values_list("merchant_order_no", "succeeded")
     )
     return [f"order {no} paid twice: {n} succeeded payments" for no, n in twice]
+
+
+@invariant
+def orders_match_their_payments() -> list[str]:
+    """An order keeps money exactly while it is paid: a succeeded payment's order is
+    paid, shipped or completed (a success for an order cancelled meanwhile, or still
+    pending or authorized, is refunded, never kept); such an order has a succeeded
+    payment; a refunded order has a refunded payment."""
+    from orders.models import REFUNDABLE_STATES, Order
+
+    from .models import Payment
+
+    def name(status: int) -> str:
+        return Order.Status(status).name.lower()
+
+    def payment_of_it(status: str) -> Exists:
+        return Exists(Payment.objects.filter(order=OuterRef("pk"), status=status))
+
+    kept = (
+        Payment.objects.filter(status=Payment.Status.SUCCEEDED)
+        .exclude(order__status__in=REFUNDABLE_STATES)
+        .order_by("pk")
+        .values_list("pk", "order__merchant_order_no", "order__status")
+    )
+    problems = [
+        f"payment {pk} succeeded but its order {no} is {name(status)}"
+        for pk, no, status in kept
+    ]
+    unpaid = (
+        Order.objects.filter(status__in=REFUNDABLE_STATES)
+        .exclude(payment_of_it(Payment.Status.SUCCEEDED))
+        .order_by("pk")
+        .values_list("merchant_order_no", "status")
+    )
+    problems += [
+        f"order {no} is {name(status)} but no payment of it succeeded"
+        for no, status in unpaid
+    ]
+    not_refunded = (
+        Order.objects.filter(status=Order.Status.REFUNDED)
+        .exclude(payment_of_it(Payment.Status.REFUNDED))
+        .order_by("pk")
+        .values_list("merchant_order_no", flat=True)
+    )
+    problems += [
+        f"order {no} is refunded but no payment of it was refunded"
+        for no in not_refunded
+    ]
+    return problems
 
 
 @invariant

@@ -152,3 +152,36 @@ def test_racing_pay_and_cancel_agree(on_postgres):
     paid = Order.objects.filter(owner=user, status=Order.Status.PAID).count()
     assert balance(wallet) == 10_000 - 100 * paid
     assert ledger_report()["ok"]
+
+
+def _violations() -> str:
+    report = ledger_report()
+    assert "orders_match_their_payments" in report["checks"]
+    return " | ".join(report["violations"])
+
+
+def test_invariant_names_money_kept_for_an_order_not_paid():
+    """A success kept for an order cancelled meanwhile (the contract refunds it) or
+    one paid orders that no payment paid: check_ledger names each."""
+    user, _, _ = customer("alice", balance=5000)
+    kept = place_order(user)
+    payment = payment_pay_with_balance(order_id=kept.pk)
+    unpaid = place_order(user)
+    refunded = place_order(user)
+    assert ledger_report()["ok"]
+    Order.objects.filter(pk=kept.pk).update(status=Order.Status.CANCELLED)
+    Order.objects.filter(pk=unpaid.pk).update(status=Order.Status.SHIPPED)
+    Order.objects.filter(pk=refunded.pk).update(status=Order.Status.REFUNDED)
+    violations = _violations()
+    assert (
+        f"payment {payment.pk} succeeded but its order {kept.merchant_order_no} "
+        "is cancelled" in violations
+    )
+    assert (
+        f"order {unpaid.merchant_order_no} is shipped but no payment of it "
+        "succeeded" in violations
+    )
+    assert (
+        f"order {refunded.merchant_order_no} is refunded but no payment of it "
+        "was refunded" in violations
+    )
