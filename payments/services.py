@@ -792,11 +792,19 @@ def shipment_create_for_paid_order(*, order_id: int) -> Shipment | None:
 
 
 def shipment_dispatch(*, shipment_id: int) -> bool:
-    """Hand a pending shipment to the warehouse; True if it moved (once)."""
+    """Hand a pending shipment to the warehouse; True if it moved (once).
+
+    A refund cancels its order's pending shipment (`payment_refund`); one that
+    stayed pending though its order was refunded (by a release before refunds
+    did, or a process of it during a rolling deploy) is cancelled here instead
+    of sent. Each step is a conditional update of a pending shipment."""
+    pending = Shipment.objects.filter(pk=shipment_id, status=Shipment.Status.PENDING)
+    if pending.filter(order__status=Order.Status.REFUNDED).update(
+        status=Shipment.Status.CANCELLED
+    ):
+        return False
     return bool(
-        Shipment.objects.filter(pk=shipment_id, status=Shipment.Status.PENDING).update(
-            status=Shipment.Status.DISPATCHED, dispatched_at=timezone.now()
-        )
+        pending.update(status=Shipment.Status.DISPATCHED, dispatched_at=timezone.now())
     )
 
 

@@ -98,3 +98,18 @@ def test_a_dispatch_racing_a_refund_never_ships_a_refunded_order(on_postgres):
             assert shipment.status == Shipment.Status.CANCELLED
             assert dispatched == []
     assert_ledger_ok()
+
+
+def test_a_shipment_left_pending_by_an_earlier_refund_is_cancelled_not_sent():
+    """Orders refunded before refunds cancelled their shipment (or by a process of
+    the release before, during a rolling deploy) kept it pending: beat's re-drive
+    sends its dispatch, which cancels it instead of shipping a refunded order."""
+    order, payment = paid()
+    with transaction.atomic():
+        payment_refund(payment_id=payment.pk)
+    Shipment.objects.filter(order=order).update(status=Shipment.Status.PENDING)
+    shipment = Shipment.objects.get(order=order)
+    assert shipment_dispatch_task.apply(args=[shipment.pk]).get() is False
+    shipment.refresh_from_db()
+    assert (shipment.status, shipment.dispatched_at) == ("cancelled", None)
+    assert shipment.pk not in inbox_stuck(older_than_seconds=-3600)[1]
