@@ -5,7 +5,9 @@ wallet's `balance`, `held` and `available`, the merchant's balance, and every
 invariant `check_ledger` proves.
 """
 
+import html
 import json
+import re
 from datetime import timedelta
 from io import StringIO
 
@@ -857,4 +859,43 @@ def test_a_transfer_needs_available_money_too():
     )
     assert sent.status_code == 201, sent.content
     assert money(wallet) == (1000, 1000, 0)
+    assert_ledger_ok()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_staff_capturing_and_voiding_one_payment_at_once_move_it_once(
+    admin_user, on_postgres
+):
+    """Four staff members' clicks at the same instant, two capture and two void
+    (the admin's actions, each its own request): one wins, the others are told
+    the payment moved on, nothing fails."""
+    from django.test import Client
+
+    user, _, wallet = customer("alice", balance=5000)
+    order, payment = authorize(user, 1000)
+
+    def click(i: int) -> str:
+        client = Client()
+        client.force_login(admin_user)
+        response = client.post(
+            "/admin/payments/payment/",
+            {"action": "capture" if i % 2 else "void", "_selected_action": payment.pk},
+            follow=True,
+        )
+        assert response.status_code == 200
+        # (The page, not `response.context`: the test client collects the contexts
+        # of every thread's templates.)
+        return html.unescape(response.content.decode())
+
+    pages = run_in_threads(4, click)
+    made = [p for p in pages if re.search(r"(Captured|Voided): 1, skipped: 0\.", p)]
+    assert len(made) == 1, pages
+    assert all("skipped: 1." in p for p in pages if p not in made)
+    payment.refresh_from_db()
+    if "Captured: 1" in made[0]:
+        assert (payment.status, order_status(order)) == ("succeeded", "paid")
+        assert money(wallet) == (4000, 0, 4000)
+    else:
+        assert (payment.status, order_status(order)) == ("voided", "cancelled")
+        assert money(wallet) == (5000, 0, 5000)
     assert_ledger_ok()
