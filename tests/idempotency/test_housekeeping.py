@@ -3,6 +3,7 @@ from io import StringIO
 
 import pytest
 from django.core.management import call_command
+from django.core.management.base import CommandError
 from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
@@ -130,3 +131,33 @@ def test_a_purge_batch_commits_asynchronously_and_only_itself(monkeypatch):
     finally:
         transaction.set_autocommit(True)
     assert not [q for q in captured if q["sql"].startswith("SET")]
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["release_stuck_idempotency_keys", "--grace-seconds", "-3600"],
+        ["release_stuck_idempotency_keys", "--grace-seconds", "99999999999999"],
+        ["purge_idempotency_keys", "--batch-size", "-1"],
+        ["purge_idempotency_keys", "--batch-size", "0"],
+        ["purge_idempotency_keys", "--rest", "-1"],
+        ["purge_idempotency_keys", "--rest", "nan"],
+        ["purge_idempotency_keys", "--max-seconds", "inf"],
+        ["purge_idempotency_keys", "--max-seconds", "-5"],
+    ],
+)
+def test_housekeeping_commands_refuse_bad_numbers_and_delete_nothing(args):
+    """A negative grace would release keys whose requests still run (their lease
+    is live); other values failed with a traceback, or did nothing silently."""
+    make(1, expired=True)
+    make(
+        1,
+        expired=False,
+        tag="live",
+        status="processing",
+        recovery_point="started",
+        locked_until=timezone.now() + timedelta(seconds=30),
+    )
+    with pytest.raises(CommandError, match=f"--{args[1][2:]} is "):
+        call_command(*args)
+    assert IdempotencyRecord.objects.count() == 2

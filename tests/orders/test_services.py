@@ -261,3 +261,20 @@ def test_purge_refuses_a_grace_an_order_in_progress_could_still_need():
     with pytest.raises(CommandError, match="at least 600 s"):
         call_command("purge_preorders", "--grace-seconds", "-3600")
     assert PreOrder.objects.count() == 1
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--grace-seconds", "99999999999999"],
+        ["--batch-size", "-1"],
+        ["--batch-size", "0"],
+        ["--max-seconds", "nan"],
+        ["--max-seconds", "-1"],
+    ],
+)
+def test_purge_refuses_bad_numbers_and_deletes_nothing(args):
+    PreOrderFactory(expires_at=timezone.now() - timedelta(days=2))
+    with pytest.raises(CommandError, match=f"{args[0]} is "):
+        call_command("purge_preorders", *args)
+    assert PreOrder.objects.count() == 1

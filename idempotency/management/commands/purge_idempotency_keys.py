@@ -1,5 +1,6 @@
 from django.core.management.base import BaseCommand
 
+from idempotency.management.arguments import MAX_BATCH, MAX_SECONDS, check_range
 from idempotency.services import record_purge_expired
 
 
@@ -19,6 +20,9 @@ class Command(BaseCommand):
     def handle(
         self, *args, batch_size: int, max_seconds: float, rest: float, **options
     ) -> None:
+        check_range("batch-size", batch_size, 1, MAX_BATCH)
+        check_range("max-seconds", max_seconds, 0, MAX_SECONDS)
+        check_range("rest", rest, 0, 100)
         deleted = record_purge_expired(
             batch_size=batch_size, max_seconds=max_seconds, rest=rest
         )

@@ -1,6 +1,7 @@
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
+from idempotency.management.arguments import MAX_BATCH, MAX_SECONDS, check_range
 from orders.services import preorder_purge_expired
 
 
@@ -22,6 +23,10 @@ class Command(BaseCommand):
         max_seconds: float,
         **options,
     ) -> None:
+        # (The grace's lower bound is the service's, which says why.)
+        check_range("grace-seconds", grace_seconds, -MAX_SECONDS, MAX_SECONDS)
+        check_range("batch-size", batch_size, 1, MAX_BATCH)
+        check_range("max-seconds", max_seconds, 0, MAX_SECONDS)
         try:
             deleted = preorder_purge_expired(
                 grace_seconds=grace_seconds,
