@@ -252,6 +252,33 @@ def test_check_ledger_names_stock_corrupted_in_sql(alice):
     assert any("'TEA' stock 9 != sum of its stock movements 5" in v for v in violations)
 
 
+def test_check_ledger_names_stock_that_does_not_follow_its_order(alice):
+    """A cancelled order whose stock never came back (cancelled by hand in SQL),
+    and a paid one whose stock came back: each line named, as the stock itself
+    still equals its movements."""
+    user, _, _ = alice
+    product("TEA", stock=5)
+    product("MUG", stock=5)
+    kept = item_order(user, ("TEA", 2), ("MUG", 1))
+    paid = item_order(user, ("TEA", 1))
+    payment_pay_with_balance(order_id=paid.pk)
+    assert ledger_report()["ok"], ledger_report()["violations"]
+    Order.objects.filter(pk=kept.pk).update(status=Order.Status.CANCELLED)
+    stock_move(
+        product_id=Product.objects.get(sku="TEA").pk,
+        quantity=1,
+        reference=f"order:{paid.pk}:return:{Product.objects.get(sku='TEA').pk}",
+        kind=StockMovement.Kind.RETURN,
+    )
+    report = ledger_report()
+    assert "stock_follows_orders" in report["checks"]
+    assert [v for v in report["violations"] if "order " in v] == [
+        f"order {kept.merchant_order_no} is cancelled but its 1 MUG never came back",
+        f"order {kept.merchant_order_no} is cancelled but its 2 TEA never came back",
+        f"order {paid.merchant_order_no} is paid but its 1 TEA came back",
+    ]
+
+
 def test_check_ledger_names_negative_stock(on_postgres, alice):
     tea = product("TEA", stock=0)
     with connection.cursor() as cursor:
