@@ -90,3 +90,24 @@ def test_a_token_added_in_the_admin_is_not_shown(admin_client):
     token = Token.objects.get(user=user).key
     assert token not in response.content.decode()
     assert token not in admin_client.get("/admin/").content.decode()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_token_added_twice_at_once_for_one_user_is_added_once(admin_user):
+    """The same race on a form the site did not write (DRF's tokens: one per user)."""
+    from django.test import Client
+
+    from tests.conftest import run_in_threads
+    from tests.factories import UserFactory
+
+    user = UserFactory()
+
+    def work(i: int) -> int:
+        client = Client()
+        client.force_login(admin_user)
+        form = {"user": str(user.pk)}
+        return client.post(f"{TOKENS}add/", form).status_code
+
+    results = run_in_threads(6, work)
+    assert sorted(results) == [200] * 5 + [302], results
+    assert Token.objects.filter(user=user).count() == 1

@@ -470,25 +470,3 @@ def test_a_product_added_twice_at_once_is_added_once(admin_user):
     results = run_in_threads(6, work)
     assert sorted(results) == [200] * 5 + [302], results
     assert Product.objects.filter(sku="TEA-1").count() == 1
-
-
-@pytest.mark.django_db(transaction=True)
-def test_a_token_added_twice_at_once_for_one_user_is_added_once(admin_user):
-    """The same race on a form the site did not write (DRF's tokens: one per user)."""
-    from django.test import Client
-    from rest_framework.authtoken.models import Token
-
-    from tests.conftest import run_in_threads
-    from tests.factories import UserFactory
-
-    user = UserFactory()
-
-    def work(i: int) -> int:
-        client = Client()
-        client.force_login(admin_user)
-        form = {"user": str(user.pk)}
-        return client.post("/admin/authtoken/tokenproxy/add/", form).status_code
-
-    results = run_in_threads(6, work)
-    assert sorted(results) == [200] * 5 + [302], results
-    assert Token.objects.filter(user=user).count() == 1
