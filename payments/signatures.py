@@ -15,9 +15,7 @@ import secrets
 import time
 from datetime import timedelta
 
-from django.utils import timezone
-
-from idempotency.sql import delete_in_batches, insert_unless_exists
+from idempotency.sql import DatabaseNow, delete_in_batches, insert_unless_exists
 
 from .exceptions import CallbackSignatureInvalid
 from .models import CallbackNonce
@@ -43,16 +41,19 @@ def sign(
 
 
 def nonce_claim(*, nonce: str, ttl_seconds: int) -> bool:
-    """Mark `nonce` used; False if it was used before."""
-    expires_at = timezone.now() + timedelta(seconds=ttl_seconds)
+    """Mark `nonce` used until `ttl_seconds` from now by the database's clock (as
+    the purge reads it: hosts' clocks differ); False if it was used before."""
     return insert_unless_exists(
-        CallbackNonce(nonce=nonce, expires_at=expires_at), ["nonce"]
+        CallbackNonce(nonce=nonce),
+        ["nonce"],
+        clock={"expires_at": timedelta(seconds=ttl_seconds)},
     )
 
 
 def nonce_purge_expired(*, batch: int = 1000) -> int:
-    """Delete expired nonces in batches; return how many went."""
-    expired = CallbackNonce.objects.filter(expires_at__lte=timezone.now())
+    """Delete nonces expired by the database's clock, in batches; return how many
+    went."""
+    expired = CallbackNonce.objects.filter(expires_at__lte=DatabaseNow())
     return delete_in_batches(expired, batch_size=batch)
 
 

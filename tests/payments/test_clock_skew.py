@@ -16,11 +16,14 @@ from django.utils import timezone
 
 from payments.models import ProviderEvent
 from payments.services import inbox_stuck, payments_stuck
+from payments.signatures import nonce_purge_expired, sign
 from tests.helpers import (
+    assert_problem,
     event_body,
     pending_provider_payment,
     place_order,
     post_callback,
+    raw,
 )
 
 pytestmark = pytest.mark.django_db
@@ -61,3 +64,29 @@ def test_a_fast_hosts_received_callback_is_redriven_by_the_database(user, fast_h
     )
     events, _ = inbox_stuck(older_than_seconds=0)
     assert event.pk in events
+
+
+def test_a_nonce_outlives_its_window_whatever_the_hosts_clocks(
+    user, monkeypatch, settings, on_postgres
+):
+    """A callback received on a host six minutes slow, its nonce purged by a beat
+    host six minutes fast: by their own clocks it expired twelve minutes early,
+    inside the ten minutes a replay of it passes the timestamp check, and the
+    replay was accepted (200). Nonces are stamped and purged by the database's
+    clock: the replay is refused."""
+    payment = pending_provider_payment(place_order(user))
+    body = event_body(payment)
+    header = sign(secret=settings.PAYMENT_PROVIDER_SECRET, body=raw(body))
+    real_now = timezone.now
+
+    def host_clock(skew: timedelta) -> None:
+        monkeypatch.setattr("django.utils.timezone.now", lambda: real_now() + skew)
+
+    host_clock(timedelta(minutes=-6))
+    assert post_callback(body, header=header).status_code == 200
+    host_clock(timedelta(minutes=6))
+    assert nonce_purge_expired() == 0
+    monkeypatch.setattr("django.utils.timezone.now", real_now)
+    assert_problem(
+        post_callback(body, header=header), 401, "callback_signature_invalid"
+    )
