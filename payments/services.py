@@ -319,12 +319,13 @@ def payment_expire(*, payment_id: int) -> tuple[Payment, bool]:
 
 
 def payments_hold_expired(*, limit: int = 500) -> list[int]:
-    """Ids of authorized payments whose hold is past `expires_at`, oldest first."""
+    """Ids of authorized payments whose hold is past `expires_at` by the database's
+    clock (as `hold_expire` decides), oldest first."""
     return list(
         Payment.objects.filter(
             status=Payment.Status.AUTHORIZED,
             hold__status="active",
-            hold__expires_at__lte=timezone.now(),
+            hold__expires_at__lte=DatabaseNow(),
         )
         .order_by("hold__expires_at", "pk")
         .values_list("pk", flat=True)[:limit]

@@ -90,3 +90,30 @@ def test_a_nonce_outlives_its_window_whatever_the_hosts_clocks(
     assert_problem(
         post_callback(body, header=header), 401, "callback_signature_invalid"
     )
+
+
+def test_a_fast_beat_host_does_not_expire_holds_early(user, monkeypatch, on_postgres):
+    """A hold authorized for five minutes, and beat's expiry run on a worker whose
+    clock is ten minutes fast: by the worker's clock it had expired, and the
+    payment was voided five minutes before the `expires_at` its client was told.
+    Whether a hold has expired is the database's clock's to say."""
+    from django.db import transaction
+
+    from ledger.services import ledger_deposit, wallet_get_or_create
+    from payments.services import payment_authorize_with_balance, payment_capture
+    from payments.tasks import expire_holds
+
+    wallet = wallet_get_or_create(owner_id=user.pk, currency="CNY")
+    ledger_deposit(account_id=wallet.pk, amount=5000, reference="skew:deposit")
+    order = place_order(user, amount=1000)
+    with transaction.atomic():
+        payment = payment_authorize_with_balance(order_id=order.pk, hold_seconds=300)
+    real_now = timezone.now
+    monkeypatch.setattr(
+        "django.utils.timezone.now", lambda: real_now() + timedelta(minutes=10)
+    )
+    assert expire_holds() == 0
+    monkeypatch.setattr("django.utils.timezone.now", real_now)
+    with transaction.atomic():
+        captured = payment_capture(payment_id=payment.pk)
+    assert captured.status == "succeeded"
