@@ -142,8 +142,9 @@ def test_refund(alice):
     paid = post(client, f"/api/v1/orders/{order.merchant_order_no}/pay", pay, new_key())
     path = f"/api/v1/payments/{paid.json()['id']}/refund"
     # The payment's order is locked through the payment in one statement: one fewer
-    # than reading the order's id first.
-    assert_statements(20, 201, lambda: post(client, path, {}, new_key()))
+    # than reading the order's id first. Its shipment, not dispatched yet, is
+    # cancelled: one conditional UPDATE.
+    assert_statements(21, 201, lambda: post(client, path, {}, new_key()))
 
 
 def test_provider_callback(alice):
