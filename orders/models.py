@@ -10,6 +10,7 @@ turns any second submission into "here is the order you already placed".
 from django.conf import settings
 from django.db import models
 from django.db.models import Q
+from django.db.models.functions import Now
 from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 from django_fsm import ConcurrentTransitionMixin, FSMIntegerField, transition
@@ -98,7 +99,8 @@ class Order(ProtectedStateMixin, ConcurrentTransitionMixin, models.Model):
         protected=True,
         db_index=True,
     )
-    created_at = models.DateTimeField(_("created"), auto_now_add=True)
+    # By the database's clock, as the expiry of unpaid orders reads it.
+    created_at = models.DateTimeField(_("created"), db_default=Now())
     updated_at = models.DateTimeField(_("updated"), auto_now=True)
     paid_at = models.DateTimeField(_("paid"), null=True, blank=True)
 

@@ -117,3 +117,39 @@ def test_a_fast_beat_host_does_not_expire_holds_early(user, monkeypatch, on_post
     with transaction.atomic():
         captured = payment_capture(payment_id=payment.pk)
     assert captured.status == "succeeded"
+
+
+def test_a_fast_beat_host_does_not_cancel_unpaid_orders_early(
+    user, monkeypatch, settings, on_postgres
+):
+    """An order placed 55 minutes ago, unpaid orders cancelled after an hour, and
+    beat's expiry run on a worker whose clock is ten minutes fast: by the worker's
+    clock the hour had passed, and the order was cancelled five minutes early.
+    Orders are stamped, and the expiry compares, by the database's clock."""
+    from orders.models import Order
+    from payments.tasks import cancel_expired_orders
+
+    settings.ORDER_UNPAID_EXPIRY_SECONDS = 3600
+    order = place_order(user)
+    assert abs(Order.objects.get(pk=order.pk).created_at - db_now()) < timedelta(
+        seconds=5
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "UPDATE orders_order SET created_at = clock_timestamp() - "
+            "interval '55 minutes' WHERE id = %s",
+            [order.pk],
+        )
+    real_now = timezone.now
+    monkeypatch.setattr(
+        "django.utils.timezone.now", lambda: real_now() + timedelta(minutes=10)
+    )
+    assert cancel_expired_orders() == 0
+    assert Order.objects.get(pk=order.pk).status == Order.Status.PENDING_PAYMENT
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "UPDATE orders_order SET created_at = clock_timestamp() - "
+            "interval '61 minutes' WHERE id = %s",
+            [order.pk],
+        )
+    assert cancel_expired_orders() == 1
