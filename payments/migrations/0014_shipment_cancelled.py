@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('payments', '0012_payment_charge_cancel'),
+        ('payments', '0013_redrive_indexes'),
     ]
 
     operations = [
