@@ -260,7 +260,7 @@ def retry_after(response: httpx.Response) -> float | None:
         return float(value)
     try:
         when = parsedate_to_datetime(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # a year past any calendar
         return None
     return max(0.0, when.timestamp() - time.time())
 

@@ -171,3 +171,14 @@ def test_a_retry_after_of_a_non_ascii_digit_is_no_hint():
     # "\u00b2" is a digit to str.isdigit, not to float(): it once raised.
     hostile = httpx.Response(429, headers={"Retry-After": "\u00b2".encode("latin-1")})
     assert _retry_after(hostile) is None
+
+
+def test_a_retry_after_date_past_any_calendar_is_no_hint(tmp_path):
+    absurd = "Mon, 01 Jan 99999999999 00:00:00 GMT"
+    assert _retry_after(httpx.Response(503, headers={"Retry-After": absurd})) is None
+    http = scripted(
+        httpx.Response(503, headers={"Retry-After": absurd}),
+        httpx.Response(201, json={"ok": True}),
+    )
+    client = IdempotentClient("http://shop", "t", store=tmp_path / "i.db", http=http)
+    assert client.post("/pay", {}, intent="pay").status_code == 201
