@@ -229,8 +229,11 @@ class IdempotentClient:
                     return Result(response, key)
                 wait = retry_after(response)
             if wait is None:
+                # 2**attempt past 1,024 attempts no longer fits in a float; long
+                # before that the ceiling is max_delay.
+                ceiling = self.base_delay * 2 ** min(attempt, 64)
                 wait = random.uniform(  # noqa: S311 (jitter, not cryptography)
-                    0, min(self.max_delay, self.base_delay * 2**attempt)
+                    0, min(self.max_delay, ceiling)
                 )
             attempt += 1
             if time.monotonic() + wait > give_up:

@@ -182,3 +182,26 @@ def test_a_retry_after_date_past_any_calendar_is_no_hint(tmp_path):
     )
     client = IdempotentClient("http://shop", "t", store=tmp_path / "i.db", http=http)
     assert client.post("/pay", {}, intent="pay").status_code == 201
+
+
+def always(*answers: httpx.Response) -> httpx.Client:
+    """A transport that answers every POST with `answers[0]` and every GET (the
+    key-status endpoint) with `answers[1]`, however often it is asked."""
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        return answers[0] if request.method == "POST" else answers[1]
+
+    return httpx.Client(base_url="http://shop", transport=httpx.MockTransport(handler))
+
+
+def test_a_long_run_of_retries_still_ends_in_outcome_unknown(tmp_path):
+    # An agent with a long deadline against a server that keeps failing at once:
+    # past 1,024 attempts the backoff's 2**attempt no longer fits in a float.
+    http = always(httpx.Response(503), httpx.Response(404))
+    client = IdempotentClient(
+        "http://shop", "t", store=tmp_path / "i.db", http=http, deadline=5
+    )
+    client.max_delay = 0.0  # as many retries as the deadline allows, fast
+    with pytest.raises(OutcomeUnknown):
+        client.post("/pay", {}, intent="pay")
+    assert client.attempts > 1100
