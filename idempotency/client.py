@@ -96,7 +96,8 @@ class KeyReused(Exception):
 
 class OutcomeUnknown(Exception):
     """The deadline passed before a final answer; `status` is what the key-status
-    endpoint said (None if the server has no record: nothing took effect)."""
+    endpoint said (None if the server has no record: nothing took effect;
+    `{"status": "unreachable"}` if it could not answer)."""
 
     replayed = False
 
@@ -247,7 +248,13 @@ class IdempotentClient:
             )
         except httpx.TransportError:
             return {"status": "unreachable"}
-        return response.json() if response.status_code == 200 else None
+        if response.status_code == 404:
+            return None  # the server has no record of the key
+        try:  # anything else (a 502 from a proxy, a page of HTML) tells nothing
+            status = response.json() if response.status_code == 200 else None
+        except ValueError:
+            status = None
+        return status if isinstance(status, dict) else {"status": "unreachable"}
 
     def status(self, intent: str) -> dict[str, Any] | None:
         """What the server knows of this intent's key (None: no record of it)."""

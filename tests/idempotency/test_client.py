@@ -205,3 +205,16 @@ def test_a_long_run_of_retries_still_ends_in_outcome_unknown(tmp_path):
     with pytest.raises(OutcomeUnknown):
         client.post("/pay", {}, intent="pay")
     assert client.attempts > 1100
+
+
+def test_a_failing_status_endpoint_is_not_no_record(tmp_path):
+    # None means "the server has no record"; a 502 from the status endpoint says
+    # nothing of the kind, and a caller reading None could start the intent anew.
+    http = always(httpx.Response(502), httpx.Response(502))
+    client = IdempotentClient(
+        "http://shop", "t", store=tmp_path / "i.db", http=http, deadline=0.3
+    )
+    with pytest.raises(OutcomeUnknown) as unknown:
+        client.post("/pay", {}, intent="pay")
+    assert unknown.value.status == {"status": "unreachable"}
+    assert client.status("pay") == {"status": "unreachable"}
