@@ -96,8 +96,11 @@ class KeyReused(Exception):
 
 class OutcomeUnknown(Exception):
     """The deadline passed before a final answer; `status` is what the key-status
-    endpoint said (None if the server has no record: nothing took effect;
-    `{"status": "unreachable"}` if it could not answer)."""
+    endpoint said: `{"status": "processing"}` when the server had just answered
+    that the key is in flight, `{"status": "unreachable"}` if it could not answer,
+    None if it has no record. None is "nothing has taken effect" only once no
+    attempt can still be running: one that commits its effect and its key together
+    is not recorded until it finishes, so resolve it by retrying the same intent."""
 
     replayed = False
 
@@ -212,7 +215,7 @@ class IdempotentClient:
         while True:
             if time.time() - self.intents.sending(intent) > self.key_ttl:
                 raise KeyExpired(intent, key, self._status(key))
-            wait = None
+            wait, in_flight = None, False
             try:
                 self.attempts += 1
                 response = self.http.post(path, json=body, headers=headers)
@@ -238,7 +241,12 @@ class IdempotentClient:
                 )
             attempt += 1
             if time.monotonic() + wait > give_up:
-                raise OutcomeUnknown(intent, key, self._status(key))
+                status = self._status(key)
+                if status is None and in_flight:
+                    # An attempt that commits its effect and its key in one
+                    # transaction has no record until it finishes.
+                    status = {"status": "processing"}
+                raise OutcomeUnknown(intent, key, status)
             time.sleep(wait)
 
     def _status(self, key: str) -> dict[str, Any] | None:

@@ -1,6 +1,7 @@
 """The idempotent client against a real server: retries converge on one effect."""
 
 import email.utils
+import threading
 import time
 
 import httpx
@@ -218,3 +219,24 @@ def test_a_failing_status_endpoint_is_not_no_record(tmp_path):
         client.post("/pay", {}, intent="pay")
     assert unknown.value.status == {"status": "unreachable"}
     assert client.status("pay") == {"status": "unreachable"}
+
+
+def test_giving_up_on_a_request_in_flight_says_it_is_in_flight(server, alice, tmp_path):
+    # The first attempt commits its deposit and its key in one transaction, so the
+    # key-status endpoint answers 404 while it runs: no record is not "nothing
+    # happened" when the server has just said the key is in flight.
+    slow = {"amount": 5, "sleep": 3}
+    first = threading.Thread(
+        target=client_for(server, alice, tmp_path).post,
+        args=("/test/deposits", slow),
+        kwargs={"intent": "slow"},
+    )
+    first.start()
+    time.sleep(0.5)
+    with pytest.raises(OutcomeUnknown) as unknown:
+        client_for(server, alice, tmp_path, deadline=1).post(
+            "/test/deposits", slow, intent="slow"
+        )
+    first.join()
+    assert unknown.value.status == {"status": "processing"}
+    assert alice.deposits() == 1
