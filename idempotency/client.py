@@ -232,7 +232,7 @@ class IdempotentClient:
                     self.intents.finish(intent, code)
                     return Result(response, key)
                 wait = retry_after(response)
-            if wait is None:
+            if not wait:  # no hint, or "now": back off all the same
                 # 2**attempt past 1,024 attempts no longer fits in a float; long
                 # before that the ceiling is max_delay.
                 ceiling = self.base_delay * 2 ** min(attempt, 64)

@@ -240,3 +240,18 @@ def test_giving_up_on_a_request_in_flight_says_it_is_in_flight(server, alice, tm
     first.join()
     assert unknown.value.status == {"status": "processing"}
     assert alice.deposits() == 1
+
+
+@pytest.mark.parametrize("value", ["0", "Thu, 01 Jan 1970 00:00:00 GMT"])
+def test_a_retry_after_of_now_still_backs_off(tmp_path, value):
+    # "0", or a date already past (a server whose clock is behind ours), must not
+    # turn the retries into a busy loop against a server that said it is overloaded.
+    http = always(
+        httpx.Response(503, headers={"Retry-After": value}), httpx.Response(404)
+    )
+    client = IdempotentClient(
+        "http://shop", "t", store=tmp_path / "i.db", http=http, deadline=1
+    )
+    with pytest.raises(OutcomeUnknown):
+        client.post("/pay", {}, intent="pay")
+    assert client.attempts < 30
