@@ -28,9 +28,11 @@ def main() -> int:
 
     client = IdempotentClient(args.url, args.token, store=args.store, deadline=30)
     try:
-        number = client.post(
-            "/api/v1/preorders", {}, intent=f"{args.task}: number"
-        ).json()["merchant_order_no"]
+        preorder = client.post("/api/v1/preorders", {}, intent=f"{args.task}: number")
+        if preorder.status_code != 201:  # a wrong token, say: a final answer
+            print("pre-order:", preorder.status_code, preorder.text)
+            return 1
+        number = preorder.json()["merchant_order_no"]
         order = client.post(
             "/api/v1/orders",
             {
@@ -42,6 +44,8 @@ def main() -> int:
             intent=f"{args.task}: order",
         )
         print("order:", order.status_code, json.dumps(order.json()))
+        if order.status_code != 201:  # no order to pay
+            return 1
         paid = client.post(
             f"/api/v1/orders/{number}/pay",
             {"method": "balance"},

@@ -1,8 +1,11 @@
 """The idempotent client against a real server: retries converge on one effect."""
 
 import email.utils
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 
 import httpx
 import pytest
@@ -15,6 +18,7 @@ from idempotency.client import (
     OutcomeUnknown,
 )
 from idempotency.client import retry_after as _retry_after
+from ledger.services import ledger_deposit
 from tests.servers import gunicorn
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
@@ -255,3 +259,32 @@ def test_a_retry_after_of_now_still_backs_off(tmp_path, value):
     with pytest.raises(OutcomeUnknown):
         client.post("/pay", {}, intent="pay")
     assert client.attempts < 30
+
+
+AGENT = Path(__file__).resolve().parents[2] / "examples" / "agent.py"
+
+
+def run_agent(server: str, token: str, tmp_path: Path, task: str):
+    command = [sys.executable, str(AGENT), "--url", server, "--token", token]
+    command += ["--task", task, "--amount", "1999"]
+    command += ["--store", str(tmp_path / "agent.sqlite3")]
+    return subprocess.run(command, capture_output=True, text=True, timeout=120)
+
+
+def test_the_example_agent_pays_once_however_often_it_runs(server, alice, tmp_path):
+    ledger_deposit(account_id=alice.wallet.pk, amount=5000, reference="agent funds")
+    first = run_agent(server, alice.token, tmp_path, "buy tea #1")
+    again = run_agent(server, alice.token, tmp_path, "buy tea #1")
+    assert first.returncode == 0, first.stdout + first.stderr
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "pay: 201 (replayed)" in again.stdout
+    alice.wallet.refresh_from_db()
+    assert alice.wallet.balance == 5000 - 1999
+
+
+def test_the_example_agent_reports_a_refused_step(server, alice, tmp_path):
+    # A wrong token is refused at the first step; the agent says so and stops.
+    ran = run_agent(server, "not-a-token", tmp_path, "buy tea #2")
+    assert ran.returncode == 1
+    assert "Traceback" not in ran.stderr, ran.stderr
+    assert "401" in ran.stdout
