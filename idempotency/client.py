@@ -285,6 +285,7 @@ def retry_after(response: httpx.Response) -> float | None:
 
 def _code(response: httpx.Response) -> str | None:
     try:
-        return response.json().get("code")
+        body = response.json()
     except ValueError:
         return None
+    return body.get("code") if isinstance(body, dict) else None  # a proxy's [] too

@@ -288,3 +288,15 @@ def test_the_example_agent_reports_a_refused_step(server, alice, tmp_path):
     assert ran.returncode == 1
     assert "Traceback" not in ran.stderr, ran.stderr
     assert "401" in ran.stdout
+
+
+@pytest.mark.parametrize("body", [b"[]", b'"busy"', b"null"])
+def test_an_answer_that_is_json_but_no_object_is_read_as_no_code(tmp_path, body):
+    # A 409 or 422 from something in between (a proxy, a gateway) that is JSON
+    # but not a problem object: no code, so a final answer, never a crash.
+    json_409 = httpx.Response(
+        409, content=body, headers={"Content-Type": "application/json"}
+    )
+    http = always(json_409, httpx.Response(404))
+    client = IdempotentClient("http://shop", "t", store=tmp_path / "i.db", http=http)
+    assert client.post("/pay", {}, intent="pay").status_code == 409
