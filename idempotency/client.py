@@ -48,7 +48,6 @@ from urllib.parse import quote
 
 import httpx
 
-RETRYABLE_STATUS = frozenset({429, 500, 502, 503, 504})
 REPLAY_HEADER = "Idempotent-Replayed"
 
 
@@ -228,7 +227,7 @@ class IdempotentClient:
                 in_flight = code == 409 and _code(response) == (
                     "idempotency_key_in_flight"
                 )
-                if not in_flight and code not in RETRYABLE_STATUS:
+                if not in_flight and code < 500 and code != 429:
                     self.intents.finish(intent, code)
                     return Result(response, key)
                 wait = retry_after(response)

@@ -300,3 +300,18 @@ def test_an_answer_that_is_json_but_no_object_is_read_as_no_code(tmp_path, body)
     http = always(json_409, httpx.Response(404))
     client = IdempotentClient("http://shop", "t", store=tmp_path / "i.db", http=http)
     assert client.post("/pay", {}, intent="pay").status_code == 409
+
+
+@pytest.mark.parametrize("status", [507, 524])
+def test_every_5xx_is_retried(tmp_path, status):
+    # The server stores no 5xx and frees the key; a gateway's 524 (origin timed
+    # out) may hide a charge that went through: neither is a final answer.
+    http = scripted(
+        httpx.Response(status),
+        httpx.Response(201, json={"ok": True}, headers={"Idempotent-Replayed": "true"}),
+    )
+    client = IdempotentClient(
+        "http://shop", "t", store=tmp_path / "i.db", http=http, base_delay=0.01
+    )
+    result = client.post("/pay", {}, intent="pay")
+    assert (result.status_code, result.replayed) == (201, True)
