@@ -1,6 +1,8 @@
 """The idempotent client against a real server: retries converge on one effect."""
 
 import email.utils
+import os
+import signal
 import subprocess
 import sys
 import threading
@@ -16,10 +18,13 @@ from idempotency.client import (
     KeyExpired,
     KeyReused,
     OutcomeUnknown,
+    Result,
 )
 from idempotency.client import retry_after as _retry_after
+from idempotency.models import IdempotencyRecord
 from ledger.services import ledger_deposit
-from tests.servers import gunicorn
+from tests.helpers import wait_for
+from tests.servers import children, gunicorn
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
@@ -315,3 +320,34 @@ def test_every_5xx_is_retried(tmp_path, status):
     )
     result = client.post("/pay", {}, intent="pay")
     assert (result.status_code, result.replayed) == (201, True)
+
+
+def test_a_worker_killed_mid_request_is_retried_to_one_effect(alice, tmp_path):
+    # The worker dies inside a phased request after its deposit committed: the
+    # client sees its connection broken, then 409s while the dead request's lease
+    # runs, then the retry that takes the key over and resumes it.
+    with gunicorn(
+        tmp_path, "tests.idempotency.server_settings", IDEMPOTENCY_LEASE_SECONDS="2"
+    ) as (url, master):
+        client = client_for(url, alice, tmp_path, deadline=30)
+        answers: list[Result] = []
+        thread = threading.Thread(
+            target=lambda: answers.append(
+                client.post(
+                    "/test/phased-deposits", {"amount": 5, "sleep": 30}, intent="phased"
+                )
+            )
+        )
+        thread.start()
+        wait_for(
+            lambda: IdempotencyRecord.objects.filter(
+                recovery_point="deposited"
+            ).exists()
+        )
+        (worker,) = children(master.pid)
+        os.kill(worker, signal.SIGKILL)
+        thread.join(timeout=40)
+    (answer,) = answers
+    assert answer.status_code == 201
+    assert client.attempts >= 2
+    assert alice.deposits() == 1
