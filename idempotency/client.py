@@ -249,9 +249,11 @@ class IdempotentClient:
             time.sleep(wait)
 
     def _status(self, key: str) -> dict[str, Any] | None:
+        # Dots escaped too: a key "." or ".." would be a dot segment, resolved away.
+        segment = quote(key, safe="").replace(".", "%2E")
         try:
             response = self.http.get(
-                f"/api/v1/idempotency-keys/{quote(key, safe='')}", headers=self.headers
+                f"/api/v1/idempotency-keys/{segment}", headers=self.headers
             )
         except httpx.TransportError:
             return {"status": "unreachable"}

@@ -351,3 +351,13 @@ def test_a_worker_killed_mid_request_is_retried_to_one_effect(alice, tmp_path):
     assert answer.status_code == 201
     assert client.attempts >= 2
     assert alice.deposits() == 1
+
+
+@pytest.mark.parametrize("key", [".", ".."])
+def test_the_status_of_a_dot_key_is_its_own(server, alice, tmp_path, key):
+    # "." and ".." are valid keys, but as a URL's last segment they are dot
+    # segments, which the URL resolution removes: the status request went to
+    # /api/v1/ instead (404, "no record" of a key the server holds).
+    client = client_for(server, alice, tmp_path)
+    assert client.post("/test/deposits", {"amount": 5}, key=key).status_code == 201
+    assert client.status(f"key:{key}")["status"] == "succeeded"
