@@ -48,6 +48,8 @@ from urllib.parse import quote
 
 import httpx
 
+from .fingerprint import key_is_valid
+
 REPLAY_HEADER = "Idempotent-Replayed"
 
 
@@ -206,6 +208,8 @@ class IdempotentClient:
         effect at most once."""
         if (intent is None) == (key is None):
             raise TypeError("give either intent= or key=")
+        if key is not None and not key_is_valid(key):  # as the server checks it
+            raise ValueError("a key is 1 to 255 printable ASCII characters")
         intent = intent if intent is not None else f"key:{key}"
         key = self.intents.key_for(intent, key)
         headers = {**self.headers, "Idempotency-Key": key}

@@ -361,3 +361,14 @@ def test_the_status_of_a_dot_key_is_its_own(server, alice, tmp_path, key):
     client = client_for(server, alice, tmp_path)
     assert client.post("/test/deposits", {"amount": 5}, key=key).status_code == 201
     assert client.status(f"key:{key}")["status"] == "succeeded"
+
+
+@pytest.mark.parametrize("key", ["line\nbreak", "caf\u00e9", "x" * 256, ""])
+def test_a_key_the_server_would_refuse_is_refused_before_sending(tmp_path, key):
+    # A newline made httpx refuse to send: a "transport error" retried until the
+    # deadline, then OutcomeUnknown; a non-ASCII key a UnicodeEncodeError.
+    http = always(httpx.Response(201), httpx.Response(404))
+    client = IdempotentClient("http://shop", "t", store=tmp_path / "i.db", http=http)
+    with pytest.raises(ValueError, match="printable ASCII"):
+        client.post("/pay", {}, key=key)
+    assert client.attempts == 0
