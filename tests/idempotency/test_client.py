@@ -11,6 +11,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from django.db import connection
 
 from idempotency.client import (
     IdempotentClient,
@@ -230,6 +231,16 @@ def test_a_failing_status_endpoint_is_not_no_record(tmp_path):
     assert client.status("pay") == {"status": "unreachable"}
 
 
+def deposit_uncommitted() -> bool:
+    """A server's request has made its deposit and not yet committed it."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+            " AND state = 'idle in transaction' AND pid <> pg_backend_pid()"
+        )
+        return cursor.fetchone()[0] > 0
+
+
 def test_giving_up_on_a_request_in_flight_says_it_is_in_flight(server, alice, tmp_path):
     # The first attempt commits its deposit and its key in one transaction, so the
     # key-status endpoint answers 404 while it runs: no record is not "nothing
@@ -241,7 +252,7 @@ def test_giving_up_on_a_request_in_flight_says_it_is_in_flight(server, alice, tm
         kwargs={"intent": "slow"},
     )
     first.start()
-    time.sleep(0.5)
+    wait_for(deposit_uncommitted, what="the first attempt's open transaction")
     with pytest.raises(OutcomeUnknown) as unknown:
         client_for(server, alice, tmp_path, deadline=1).post(
             "/test/deposits", slow, intent="slow"
