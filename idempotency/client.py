@@ -9,8 +9,9 @@ original outcome instead of a second charge.
 A caller that already has a natural key for the operation (`order:1234:pay`) passes
 it as `key=` instead of an intent; it is sent as is.
 
-It retries what may succeed on a retry — timeouts, connection errors, 5xx, 429 and
-409 `idempotency_key_in_flight` — with exponential backoff and full jitter until a
+It retries what may succeed on a retry — timeouts, connection errors, 5xx, 429, a
+proxy's 408 (the request never reached the app whole) and 409
+`idempotency_key_in_flight` — with exponential backoff and full jitter until a
 deadline, honouring the server's `Retry-After` (seconds or an HTTP date) on 409, 429
 and 503. It stops on any other answer: 2xx, and 4xx the server decided; the `Result`
 says whether it was a replay of an earlier attempt's answer (`replayed`). A 422
@@ -174,6 +175,11 @@ class IntentStore:
         return row[0] if row else None
 
 
+# 4xx answers that decided nothing: too many requests, and a request timeout (a
+# proxy that did not get the whole request in time; nothing reached the app).
+TRY_AGAIN = frozenset({408, 429})
+
+
 class IdempotentClient:
     def __init__(
         self,
@@ -231,7 +237,7 @@ class IdempotentClient:
                 in_flight = code == 409 and _code(response) == (
                     "idempotency_key_in_flight"
                 )
-                if not in_flight and code < 500 and code != 429:
+                if not in_flight and code < 500 and code not in TRY_AGAIN:
                     self.intents.finish(intent, code)
                     return Result(response, key)
                 wait = retry_after(response)

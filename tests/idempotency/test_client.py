@@ -318,10 +318,11 @@ def test_an_answer_that_is_json_but_no_object_is_read_as_no_code(tmp_path, body)
     assert client.post("/pay", {}, intent="pay").status_code == 409
 
 
-@pytest.mark.parametrize("status", [507, 524])
+@pytest.mark.parametrize("status", [507, 524, 408])
 def test_every_5xx_is_retried(tmp_path, status):
     # The server stores no 5xx and frees the key; a gateway's 524 (origin timed
-    # out) may hide a charge that went through: neither is a final answer.
+    # out) may hide a charge that went through: neither is a final answer. Nor is a
+    # proxy's 408: the request did not reach the app whole.
     http = scripted(
         httpx.Response(status),
         httpx.Response(201, json={"ok": True}, headers={"Idempotent-Replayed": "true"}),
