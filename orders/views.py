@@ -1,10 +1,13 @@
 """The web UI: server-rendered pages, every POST answered with 303 (PRG)."""
 
+from collections.abc import Callable
+from functools import wraps
 from urllib.parse import urlencode
 
 from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
+from django.contrib.auth.views import redirect_to_login
 from django.db import transaction
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import render
@@ -50,6 +53,28 @@ class HttpResponseSeeOther(HttpResponseRedirect):
 
 def to_order(merchant_order_no: str) -> HttpResponseSeeOther:
     return HttpResponseSeeOther(reverse("order-detail", args=[merchant_order_no]))
+
+
+def login_required_back_to_order(view: Callable) -> Callable:
+    """`login_required` for an order page's buttons. A button pressed after the
+    session ended (it expired, or the shopper logged out in another tab, which
+    leaves the CSRF token valid) did nothing: the login leads back to the order's
+    page, not to the button's URL, which only takes a POST (a 405 after the login).
+    """
+
+    @wraps(view)
+    def wrapped(
+        request: HttpRequest, merchant_order_no: str, *args, **kwargs
+    ) -> HttpResponse:
+        if not request.user.is_authenticated:
+            messages.warning(
+                request,
+                _("You were logged out, so nothing was done. Log in and try again."),
+            )
+            return redirect_to_login(reverse("order-detail", args=[merchant_order_no]))
+        return view(request, merchant_order_no, *args, **kwargs)
+
+    return wrapped
 
 
 @require_GET
@@ -223,7 +248,7 @@ def order_new(request: HttpRequest) -> HttpResponse:
     return response
 
 
-@login_required
+@login_required_back_to_order
 @require_POST
 def order_cancel_view(request: HttpRequest, merchant_order_no: str) -> HttpResponse:
     order = order_get(owner=authenticated(request), merchant_order_no=merchant_order_no)

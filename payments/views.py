@@ -28,7 +28,11 @@ from orders.models import REFUNDABLE_STATES, Order
 from orders.paging import keyset_page
 from orders.selectors import order_get
 from orders.services import order_takes_payment
-from orders.views import HttpResponseSeeOther, to_order
+from orders.views import (
+    HttpResponseSeeOther,
+    login_required_back_to_order,
+    to_order,
+)
 
 from .exceptions import AlreadyRefunded, ProviderRefused, ProviderUnavailable
 from .models import Payment
@@ -110,7 +114,7 @@ def order_live(request: HttpRequest, merchant_order_no: str) -> HttpResponse:
     return response
 
 
-@login_required
+@login_required_back_to_order
 @require_POST
 def order_pay(request: HttpRequest, merchant_order_no: str) -> HttpResponse:
     """Pay with the wallet balance, or go to the provider's pay page. The order's
@@ -152,7 +156,7 @@ def order_pay(request: HttpRequest, merchant_order_no: str) -> HttpResponse:
     return to_order(order.merchant_order_no)
 
 
-@login_required
+@login_required_back_to_order
 @require_POST
 def order_refund(request: HttpRequest, merchant_order_no: str) -> HttpResponse:
     """Refund the order's payment: `payment_refund`, the API's service, under the

@@ -424,3 +424,32 @@ def test_simplified_chinese(client, shopper):
     order = place_order(shopper[0])
     page = client.get(f"/orders/{order.merchant_order_no}").content.decode()
     assert "待支付" in page
+
+
+@pytest.mark.parametrize("button", ["pay", "cancel", "refund"])
+def test_a_button_pressed_after_the_session_ended_comes_back_to_the_order(
+    client, button
+):
+    # The shopper logged out in another tab (or the session expired) with the order
+    # page open: its CSRF token still holds, so the POST reaches the login check.
+    user, _, wallet = customer("carol", balance=10_000)
+    user.set_password("carol-pass-1")
+    user.save()
+    order = place_order(user, amount=2500)
+    url = f"/orders/{order.merchant_order_no}"
+    answer = client.post(f"{url}/{button}")
+    assert answer.status_code == 302
+    assert answer["Location"] == f"/login?next={url}"
+    login = client.get(answer["Location"])
+    assert messages_of(login) == [
+        "You were logged out, so nothing was done. Log in and try again."
+    ]
+    back = client.post(
+        "/login", {"username": "carol", "password": "carol-pass-1", "next": url}
+    )
+    # The order's page, where the button is; never its POST-only URL (a 405).
+    assert back["Location"] == url
+    assert client.get(url).status_code == 200
+    order.refresh_from_db()
+    assert order.status == Order.Status.PENDING_PAYMENT
+    assert balance(wallet) == 10_000
