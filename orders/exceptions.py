@@ -63,6 +63,11 @@ class OrderNotPayable(DomainError):
     default_detail = "This order was cancelled; it can no longer be paid."
 
 
+class OrderAuthorized(OrderNotPayable):
+    """The order's amount is already held (a manual-capture payment): the same
+    `order_not_payable` for the API, but no page may call it cancelled."""
+
+
 class OutOfStock(DomainError):
     status = 409
     code = "out_of_stock"

@@ -28,6 +28,7 @@ from .exceptions import (
     OrderAlreadyCancelled,
     OrderAlreadyPaid,
     OrderAmountTooLarge,
+    OrderAuthorized,
     OrderNotCancellable,
     OrderNotPayable,
     OrderTransitionNotAllowed,
@@ -369,14 +370,15 @@ def order_lock_for_payment(*, order_id: int) -> Order:
 
 def order_check_payable(order: Order) -> None:
     """Refuse a payment the order, as read, cannot take: already paid
-    (`OrderAlreadyPaid`), authorized or cancelled (`OrderNotPayable`). The refusals
-    of a pay request, also for one that finds its order changed when it resumes."""
+    (`OrderAlreadyPaid`), authorized (`OrderAuthorized`, an `OrderNotPayable`) or
+    cancelled (`OrderNotPayable`). The refusals of a pay request, also for one that
+    finds its order changed when it resumes."""
     if order_takes_payment(order):
         return
     if order.is_paid:
         raise OrderAlreadyPaid()
     if order.status == Order.Status.AUTHORIZED:
-        raise OrderNotPayable(
+        raise OrderAuthorized(
             f"Order {order.merchant_order_no} is authorized: capture or void its "
             "payment."
         )

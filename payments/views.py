@@ -23,7 +23,7 @@ from idempotency.exceptions import IdempotencyKeyInFlight, IdempotencyKeyReused
 from ledger.auth import authenticated
 from ledger.exceptions import AccountNotActive, DomainError, InsufficientFunds
 from ledger.forms import row_id
-from orders.exceptions import OrderAlreadyPaid, OrderNotPayable
+from orders.exceptions import OrderAlreadyPaid, OrderAuthorized, OrderNotPayable
 from orders.models import REFUNDABLE_STATES, Order
 from orders.paging import keyset_page
 from orders.selectors import order_get
@@ -142,6 +142,14 @@ def order_pay(request: HttpRequest, merchant_order_no: str) -> HttpResponse:
         messages.error(request, _("The payment provider is not answering; try again."))
     except OrderAlreadyPaid:
         messages.info(request, _("You have already paid this order."))
+    except OrderAuthorized:
+        messages.info(
+            request,
+            _(
+                "This order is already authorized: its amount is held on your wallet "
+                "until the shop captures it, so nothing more was charged."
+            ),
+        )
     except OrderNotPayable:
         messages.error(request, _("This order was cancelled; it cannot be paid."))
     except InsufficientFunds:

@@ -4,6 +4,7 @@ import re
 from datetime import timedelta
 
 import pytest
+from django.db import transaction
 from django.utils import timezone
 
 from ledger.models import Account, Posting
@@ -453,3 +454,28 @@ def test_a_button_pressed_after_the_session_ended_comes_back_to_the_order(
     order.refresh_from_db()
     assert order.status == Order.Status.PENDING_PAYMENT
     assert balance(wallet) == 10_000
+
+
+@pytest.mark.parametrize("method", ["balance", "provider"])
+def test_pay_from_a_stale_page_of_an_authorized_order_says_it_is_held(
+    client, shopper, settings, method
+):
+    # The page was opened before the order was authorized (through the API): its
+    # Pay buttons are stale, and the order is held, not cancelled.
+    from payments.services import payment_authorize_with_balance
+
+    settings.PAYMENT_PROVIDER_URL = "http://127.0.0.1:9/provider"  # never asked
+    user, wallet = shopper
+    order = place_order(user, amount=2500)
+    with transaction.atomic():
+        payment_authorize_with_balance(order_id=order.pk, hold_seconds=3600)
+    url = f"/orders/{order.merchant_order_no}"
+    assert client.post(f"{url}/pay", {"method": method}).status_code == 303
+    assert messages_of(client.get(url)) == [
+        "This order is already authorized: its amount is held on your wallet until "
+        "the shop captures it, so nothing more was charged."
+    ]
+    order.refresh_from_db()
+    assert order.status == Order.Status.AUTHORIZED
+    assert balance(wallet) == 10_000
+    assert Payment.objects.filter(order=order).count() == 1
