@@ -152,8 +152,19 @@ def order_pay(request: HttpRequest, merchant_order_no: str) -> HttpResponse:
         )
     except OrderNotPayable:
         messages.error(request, _("This order was cancelled; it cannot be paid."))
-    except InsufficientFunds:
-        messages.error(request, _("Your balance is too low to pay this order."))
+    except InsufficientFunds as exc:
+        held, balance = exc.extra.get("held", 0), exc.extra.get("balance", 0)
+        if held and balance >= exc.extra.get("amount", 0):
+            # The balance the account page shows would do: holds take the rest.
+            messages.error(
+                request,
+                _(
+                    "Part of your balance is held by authorized payments; what is "
+                    "left is too low to pay this order."
+                ),
+            )
+        else:
+            messages.error(request, _("Your balance is too low to pay this order."))
     except AccountNotActive:
         messages.error(
             request,

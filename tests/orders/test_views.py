@@ -479,3 +479,22 @@ def test_pay_from_a_stale_page_of_an_authorized_order_says_it_is_held(
     assert order.status == Order.Status.AUTHORIZED
     assert balance(wallet) == 10_000
     assert Payment.objects.filter(order=order).count() == 1
+
+
+def test_pay_short_of_available_money_says_part_is_held(client):
+    # The balance covers the order, but an authorized payment holds part of it.
+    from payments.services import payment_authorize_with_balance
+
+    user, _, wallet = customer("held", balance=3000)
+    client.force_login(user)
+    held = place_order(user, amount=2000)
+    with transaction.atomic():
+        payment_authorize_with_balance(order_id=held.pk, hold_seconds=3600)
+    order = place_order(user, amount=2500)
+    url = f"/orders/{order.merchant_order_no}"
+    client.post(f"{url}/pay")
+    assert messages_of(client.get(url)) == [
+        "Part of your balance is held by authorized payments; what is left is too "
+        "low to pay this order."
+    ]
+    assert balance(wallet) == 3000
