@@ -148,6 +148,33 @@ def test_pay_clicked_twice_pays_once(browser, live_server, shopper, shot):
     page.context.close()
 
 
+def test_pay_after_logging_out_in_another_tab_comes_back_to_the_order(
+    browser, live_server, shopper, shot
+):
+    user, wallet = shopper
+    order = place_order(user, amount=2_500)
+    page = open_page(browser, live_server)
+    page.goto(f"/orders/{order.merchant_order_no}")
+    other = page.context.new_page()  # logging out keeps the CSRF cookie
+    other.goto("/orders")
+    other.click("text=Log out")
+    other.wait_for_url(re.compile(r".*/login$"))
+    page.click("#pay")
+    page.wait_for_selector("text=You were logged out, so nothing was done.")
+    shot(page, "05b-logged-out-pay")
+    page.fill("#id_username", "shopper")
+    page.fill("#id_password", PASSWORD)
+    page.click("#log-in")
+    # Back on the order's page (never a 405 at the button's POST-only URL).
+    page.wait_for_url(re.compile(rf".*/orders/{order.merchant_order_no}$"))
+    assert page.is_visible("#pay")
+    assert balance(wallet) == 50_000
+    page.click("#pay")
+    page.wait_for_selector("text=Paid. Thank you!")
+    assert balance(wallet) == 50_000 - 2_500
+    page.context.close()
+
+
 def test_chinese_on_a_phone(browser, live_server, shopper, shot):
     order = place_order(shopper[0], amount=990, description="绿茶")
     page = open_page(
