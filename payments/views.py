@@ -83,8 +83,10 @@ def _order_context(order: Order) -> dict:
         "payments": payments,
         "payable": payable,
         "open_provider": open_provider if payable else None,
-        # Follow the page while a payment may still settle by itself.
-        "following": bool(pending) and payable,
+        # Follow the page while a payment may still settle by itself: one with a
+        # pay page. A pending payment the provider never answered for has none, so
+        # nothing can settle it; the shopper presses the button again.
+        "following": payable and open_provider is not None,
         "refundable": refundable,
         "refund_token": new_form_token() if refundable else "",
         "latest": latest,

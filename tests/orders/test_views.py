@@ -498,3 +498,22 @@ def test_pay_short_of_available_money_says_part_is_held(client):
         "low to pay this order."
     ]
     assert balance(wallet) == 3000
+
+
+@pytest.mark.django_db(transaction=True)  # the provider is called outside one
+def test_a_provider_that_did_not_answer_leaves_nothing_to_wait_for(
+    client, shopper, settings
+):
+    # The payment was opened but the provider never saw it: no pay page exists, so
+    # nothing can settle by itself; the page offers the button again instead.
+    settings.PAYMENT_PROVIDER_URL = "http://127.0.0.1:9/provider"  # nobody there
+    user, _ = shopper
+    order = place_order(user, amount=2500)
+    url = f"/orders/{order.merchant_order_no}"
+    assert client.post(f"{url}/pay", {"method": "provider"})["Location"] == url
+    page = client.get(url)
+    assert messages_of(page) == ["The payment provider is not answering; try again."]
+    assert Payment.objects.get(order=order).status == Payment.Status.PENDING
+    assert b'id="waiting"' not in page.content
+    assert b'data-following="0"' in page.content
+    assert b'id="pay-provider"' in page.content
