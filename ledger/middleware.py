@@ -9,7 +9,8 @@ carries the idempotency key only as a SHA-256 prefix, never the key itself.
 `RequestLimitsMiddleware`, next, refuses what no view could answer, before any view
 or the idempotency layer sees it (so nothing is stored under its key).
 
-`ProbeMiddleware`, after it, answers the health, readiness and metrics probes.
+`ProbeMiddleware`, after `SecurityMiddleware` (whose headers its answers carry like
+any other), answers the health, readiness and metrics probes.
 """
 
 import io
@@ -240,7 +241,9 @@ class ProbeMiddleware:
     check of the Host header guards the URLs and cookies an answer builds from it,
     and these build none. Django checks it when a middleware first asks for the host,
     which `CommonMiddleware` does on every request, so the probes are answered here,
-    before it; still timed, counted and logged by `RequestLogMiddleware`.
+    before it, but after `SecurityMiddleware`, which reads no host and puts its
+    headers (nosniff, Referrer-Policy, ...) on these answers too; still timed,
+    counted and logged by `RequestLogMiddleware`.
     """
 
     def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:

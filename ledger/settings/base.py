@@ -74,11 +74,12 @@ INSTALLED_APPS = [
 MIDDLEWARE = [
     # First: no NUL in a URL, no body over DATA_UPLOAD_MAX_MEMORY_SIZE (404, 413).
     "ledger.middleware.RequestLimitsMiddleware",
-    # Health, readiness and metrics, whatever the Host header says.
-    "ledger.middleware.ProbeMiddleware",
     # A retry of a finished request is answered from Redis in one round trip.
     "idempotency.middleware.ReplayMiddleware",
     "django.middleware.security.SecurityMiddleware",
+    # Health, readiness and metrics, whatever the Host header says: after the
+    # security headers (which do not read the host), before CommonMiddleware.
+    "ledger.middleware.ProbeMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.locale.LocaleMiddleware",

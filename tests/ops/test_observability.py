@@ -285,3 +285,21 @@ def test_probes_answer_whatever_host_they_are_asked_by(client):
         assert client.get("/", HTTP_HOST=host).status_code == 400
         assert client.get("/api/v1/accounts/me", HTTP_HOST=host).status_code == 400
     assert client.get("/healthz").json() == {"status": "ok"}
+
+
+@pytest.mark.django_db
+def test_probes_carry_the_security_headers_of_every_other_answer(client):
+    """Answered before `CommonMiddleware` asks for the host, but after
+    `SecurityMiddleware`: a probe's answer is no exception to its headers."""
+    page = client.get("/api/v1/accounts/me")
+    expected = (
+        "X-Content-Type-Options",
+        "Referrer-Policy",
+        "Cross-Origin-Opener-Policy",
+    )
+    for path in ("/healthz", "/readyz", "/metrics"):
+        for host in ("10.0.3.7:8000", "testserver"):
+            answer = client.get(path, HTTP_HOST=host)
+            assert answer.status_code == 200, (host, path)
+            for header in expected:
+                assert answer.get(header) == page[header], (path, host, header)
