@@ -17,7 +17,7 @@ import zlib
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import timedelta
 from typing import Any, cast
 
 from django.conf import settings
@@ -485,10 +485,14 @@ def ledger_transfer(
 
 @transaction.atomic(savepoint=False)
 def hold_authorize(
-    *, account_id: int, amount: int, reference: str, expires_at: datetime
+    *, account_id: int, amount: int, reference: str, expires_in: timedelta
 ) -> Hold:
-    """Reserve `amount` of the account's available money until `expires_at`, once
+    """Reserve `amount` of the account's available money for `expires_in`, once
     per reference.
+
+    Its `expires_at` is stamped by the database's clock, which also decides when
+    it has expired (`_hold_close`): a host whose clock ran slow made holds that
+    had expired before they were made.
 
     The hold row is inserted first, so its unique `reference` is claimed before
     `held` moves: a replay finds the hold and gets it back. Then one conditional
@@ -498,10 +502,8 @@ def hold_authorize(
     """
     if isinstance(amount, bool) or not isinstance(amount, int) or amount <= 0:
         raise ValueError("a hold is a positive integer of minor units")
-    hold = Hold(
-        account_id=account_id, amount=amount, reference=reference, expires_at=expires_at
-    )
-    if not insert_unless_exists(hold, ["reference"]):
+    hold = Hold(account_id=account_id, amount=amount, reference=reference)
+    if not insert_unless_exists(hold, ["reference"], clock={"expires_at": expires_in}):
         existing = Hold.objects.get(reference=reference)
         if (existing.account_id, existing.amount) != (account_id, amount):
             raise ReferenceConflict(reference=reference)

@@ -169,7 +169,7 @@ def payment_authorize_with_balance(*, order_id: int, hold_seconds: int) -> Payme
             account_id=wallet.pk,
             amount=order.amount,
             reference=hold_reference(order),
-            expires_at=timezone.now() + timedelta(seconds=hold_seconds),
+            expires_in=timedelta(seconds=hold_seconds),
         )
         payment = Payment.objects.create(
             order=order,

@@ -378,7 +378,7 @@ def test_close_refused_in_chinese_with_the_hold(admin_client):
         account_id=alice.pk,
         amount=40,
         reference="hold",
-        expires_at=timezone.now() + timedelta(hours=1),
+        expires_in=timedelta(hours=1),
     )
     response = freeze(admin_client, alice, 0, action="close")
     assert any(

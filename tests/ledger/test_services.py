@@ -4,7 +4,6 @@ from datetime import timedelta
 import pytest
 from django.db import connection, transaction
 from django.db.utils import DatabaseError
-from django.utils import timezone
 
 from ledger.exceptions import (
     AccountNotActive,
@@ -122,7 +121,7 @@ def test_only_an_account_that_holds_nothing_closes():
         account_id=alice.pk,
         amount=40,
         reference="hold",
-        expires_at=timezone.now() + timedelta(hours=1),
+        expires_in=timedelta(hours=1),
     )
     on_hold = r"holds 100 CNY \(40 on hold\)"
     with pytest.raises(AccountNotEmpty, match=on_hold), transaction.atomic():

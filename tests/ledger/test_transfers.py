@@ -4,7 +4,6 @@ from datetime import timedelta
 
 import pytest
 from django.db.models import Sum
-from django.utils import timezone
 from rest_framework.test import APIClient
 
 from idempotency.models import IdempotencyRecord
@@ -195,7 +194,7 @@ def test_insufficient_funds_names_balance_held_and_available(alice, bob):
         account_id=wallet.pk,
         amount=8_000,
         reference="reserved",
-        expires_at=timezone.now() + timedelta(hours=1),
+        expires_in=timedelta(hours=1),
     )
     body = {"to": "bob", "amount": 3_000, "currency": "CNY"}
     answer = send(client, body, new_key())

@@ -153,3 +153,33 @@ def test_a_fast_beat_host_does_not_cancel_unpaid_orders_early(
             [order.pk],
         )
     assert cancel_expired_orders() == 1
+
+
+def test_a_slow_hosts_hold_lasts_as_long_as_asked(user, monkeypatch, on_postgres):
+    """A hold authorized for five minutes on a web host whose clock is ten minutes
+    slow: stamped by that clock, it had expired five minutes before it was made, by
+    the database's clock that decides its expiry, so beat expired it at once and
+    the capture was refused. It is stamped by the database's clock too."""
+    from django.db import transaction
+
+    from ledger.services import ledger_deposit, wallet_get_or_create
+    from payments.services import payment_authorize_with_balance, payment_capture
+    from payments.tasks import expire_holds
+
+    wallet = wallet_get_or_create(owner_id=user.pk, currency="CNY")
+    ledger_deposit(account_id=wallet.pk, amount=5000, reference="skew:deposit")
+    order = place_order(user, amount=1000)
+    real_now = timezone.now
+    monkeypatch.setattr(
+        "django.utils.timezone.now", lambda: real_now() - timedelta(minutes=10)
+    )
+    with transaction.atomic():
+        payment = payment_authorize_with_balance(order_id=order.pk, hold_seconds=300)
+    monkeypatch.setattr("django.utils.timezone.now", real_now)
+    payment.hold.refresh_from_db()
+    lasts = payment.hold.expires_at - db_now()
+    assert timedelta(seconds=295) < lasts <= timedelta(seconds=300)
+    assert expire_holds() == 0
+    with transaction.atomic():
+        captured = payment_capture(payment_id=payment.pk)
+    assert captured.status == "succeeded"
