@@ -69,9 +69,9 @@ def _reads_a_whole_table(cursor, sql: str) -> list[str]:
     serves (its columns, or a partial index's predicate), and joins by nested loop,
     whose inner scan takes its condition from the outer row: on empty tables the
     planner otherwise likes to walk the primary key to the LIMIT, or to hash a whole
-    table, which says nothing of the plan a table of millions of rows gets. Then, for what needs an ordered walk (the
-    last row by an index), with index scans allowed again, as long as they do not
-    filter the whole index.
+    table, which says nothing of the plan a table of millions of rows gets. Then,
+    for what needs an ordered walk (the last row by an index), with index scans
+    allowed again, as long as they do not filter the whole index.
     """
     only_bitmaps = [
         "enable_seqscan",
