@@ -86,8 +86,21 @@ class IdempotencyRecordAdmin(admin.ModelAdmin):
                 )
 
 
+class ReadOnlyAdmin(admin.ModelAdmin):
+    """Shown in the back office, never written from it."""
+
+    def has_add_permission(self, request, obj=None) -> bool:
+        return False
+
+    def has_change_permission(self, request, obj=None) -> bool:
+        return False
+
+    def has_delete_permission(self, request, obj=None) -> bool:
+        return False
+
+
 @admin.register(AuditEntry)
-class AuditEntryAdmin(admin.ModelAdmin):
+class AuditEntryAdmin(ReadOnlyAdmin):
     """Who forgot which key, and when: read-only, never deleted from here."""
 
     list_display = ("at", "actor_name", "action", "scope", "key", "endpoint")
@@ -106,18 +119,9 @@ class AuditEntryAdmin(admin.ModelAdmin):
     )
     fields = readonly_fields
 
-    def has_add_permission(self, request, obj=None) -> bool:
-        return False
-
-    def has_change_permission(self, request, obj=None) -> bool:
-        return False
-
-    def has_delete_permission(self, request, obj=None) -> bool:
-        return False
-
 
 @admin.register(Lease)
-class LeaseAdmin(admin.ModelAdmin):
+class LeaseAdmin(ReadOnlyAdmin):
     """Which process holds each worker id and the beat lead, until when: read-only,
     since only `idempotency.leases` may write a lease (by the database's clock)."""
 
@@ -125,12 +129,3 @@ class LeaseAdmin(admin.ModelAdmin):
     search_fields = ("name", "holder")
     readonly_fields = ("name", "holder", "acquired_at", "expires_at")
     fields = readonly_fields
-
-    def has_add_permission(self, request, obj=None) -> bool:
-        return False
-
-    def has_change_permission(self, request, obj=None) -> bool:
-        return False
-
-    def has_delete_permission(self, request, obj=None) -> bool:
-        return False
