@@ -9,8 +9,21 @@ from .models import AuditEntry, IdempotencyRecord, Lease
 from .services import KeyNotForgettable, record_forget
 
 
+class ReadOnlyAdmin(admin.ModelAdmin):
+    """Shown in the back office, never written from it."""
+
+    def has_add_permission(self, request, obj=None) -> bool:
+        return False
+
+    def has_change_permission(self, request, obj=None) -> bool:
+        return False
+
+    def has_delete_permission(self, request, obj=None) -> bool:
+        return False
+
+
 @admin.register(IdempotencyRecord)
-class IdempotencyRecordAdmin(admin.ModelAdmin):
+class IdempotencyRecordAdmin(ReadOnlyAdmin):
     list_display = (
         "id",
         "scope",
@@ -32,16 +45,9 @@ class IdempotencyRecordAdmin(admin.ModelAdmin):
     ]
     actions = ("forget",)
 
-    def has_add_permission(self, request, obj=None) -> bool:
-        return False
-
-    def has_change_permission(self, request, obj=None) -> bool:
-        return False
-
-    def has_delete_permission(self, request, obj=None) -> bool:
-        # Deleting a record past its first recovery point would let a retry run
-        # committed effects again: only "forget" below, with its guard and audit.
-        return False
+    # Not even deleted: a record past its first recovery point deleted would let a
+    # retry run committed effects again; only "forget" below, with its guard and
+    # audit.
 
     def has_forget_permission(self, request: HttpRequest) -> bool:
         return request.user.has_perm("idempotency.add_auditentry")
@@ -84,19 +90,6 @@ class IdempotencyRecordAdmin(admin.ModelAdmin):
                     % {"key": record.key},
                     messages.SUCCESS,
                 )
-
-
-class ReadOnlyAdmin(admin.ModelAdmin):
-    """Shown in the back office, never written from it."""
-
-    def has_add_permission(self, request, obj=None) -> bool:
-        return False
-
-    def has_change_permission(self, request, obj=None) -> bool:
-        return False
-
-    def has_delete_permission(self, request, obj=None) -> bool:
-        return False
 
 
 @admin.register(AuditEntry)
