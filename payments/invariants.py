@@ -1,7 +1,8 @@
 """The payments app's additions to `check_ledger`: no order is paid twice, orders
 and payments agree, every payment matches the ledger and its hold; and warnings
 for what waits on the provider or an operator (parked callbacks, refunds not
-returned, charges not cancelled, paid orders not shipped)."""
+returned, charges collected for another amount, charges not cancelled, paid
+orders not shipped)."""
 
 from django.db.models import Count, Exists, OuterRef, Q
 
@@ -215,3 +216,31 @@ def paid_orders_not_shipped() -> list[str]:
             f"and {more} more paid orders have no shipment (manage.py ship_paid_orders)"
         ]
     return warnings
+
+
+@warning_check
+def charges_of_another_amount() -> list[str]:
+    """Charges the provider collected for another amount than the order's: never
+    kept as its payment, booked and refunded at once (`payment_settle`), named until
+    the provider has given the money back to the payer. A provider charging what
+    it was not asked is for an operator to take up with it."""
+    from .models import Refund
+    from .services import AMOUNT_MISMATCH
+
+    rows = (
+        Refund.objects.filter(reason=AMOUNT_MISMATCH)
+        .exclude(at_provider=Refund.AtProvider.RETURNED)
+        .order_by("pk")
+        .values_list(
+            "payment_id",
+            "payment__order__merchant_order_no",
+            "amount",
+            "payment__order__amount",
+            "at_provider",
+        )
+    )
+    return [
+        f"payment {pk} (order {no}): the provider collected {amount}, not the "
+        f"{asked} asked; its refund is {at_provider} at the provider"
+        for pk, no, amount, asked, at_provider in rows
+    ]

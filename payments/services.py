@@ -606,7 +606,14 @@ def provider_reference(payment: Payment) -> str:
     return f"provider:{payment.pk}"
 
 
-def payment_settle(*, payment_id: int, provider_txn_id: str) -> Payment:
+# The refund reason of a charge the provider collected for another amount than
+# we asked (`payment_settle`); `check_ledger` names these until given back.
+AMOUNT_MISMATCH = "amount_mismatch"
+
+
+def payment_settle(
+    *, payment_id: int, provider_txn_id: str, amount: int | None = None
+) -> Payment:
     """Record that the provider collected a payment's money, once.
 
     One transaction under the order and payment locks. Settled already (a second
@@ -616,11 +623,36 @@ def payment_settle(*, payment_id: int, provider_txn_id: str) -> Payment:
     shipment. If the order can no longer take the money (cancelled meanwhile, or
     paid by another payment) the success is refunded in the same transaction: the
     payment ends `refunded` and the money goes back out.
+
+    `amount` is what the provider says it collected (default: what we asked). Any
+    other amount is not the order's payment: it is booked as it came in, the
+    payment's `amount` becomes it, and it is refunded at once the same way (reason
+    `amount_mismatch`), the order left as it was; `check_ledger` names it until the
+    provider has given it back. A charge that another payment of the order has
+    booked already (a pay request opened after it, which never got a charge of
+    its own) is not this payment's money: a pending payment fails instead.
     """
     with transaction.atomic(savepoint=False):
         order, payment = _lock(payment_id)
         if payment.status in (Payment.Status.SUCCEEDED, Payment.Status.REFUNDED):
             return payment
+        if _charge_booked_by_another(payment, provider_txn_id):
+            if payment.status == Payment.Status.PENDING:
+                payment.fail()
+                payment.save()
+            return payment
+        collected = payment.amount if amount is None else amount
+        mismatch = collected != payment.amount
+        if mismatch:
+            logger.error(
+                "the provider collected %s for payment %s of order %s, not %s: "
+                "given back",
+                collected,
+                payment.pk,
+                order.merchant_order_no,
+                payment.amount,
+            )
+            payment.amount = collected
         reference = provider_reference(payment)
         merchant = merchant_credit_account(
             currency=payment.currency, spread_by=reference
@@ -639,9 +671,11 @@ def payment_settle(*, payment_id: int, provider_txn_id: str) -> Payment:
         _succeeded(payment, entry)
         if not payment.provider_txn_id:
             payment.provider_txn_id = provider_txn_id
-        if not order_takes_payment(order):
+        if mismatch or not order_takes_payment(order):
             reason = (
-                "order_already_paid"
+                AMOUNT_MISMATCH
+                if mismatch
+                else "order_already_paid"
                 if order.is_paid
                 else "order_authorized"
                 if order.status == Order.Status.AUTHORIZED
@@ -655,6 +689,22 @@ def payment_settle(*, payment_id: int, provider_txn_id: str) -> Payment:
         order_mark_paid(order_id=order.pk)
         shipment_create(order_id=order.pk)
     return payment
+
+
+def _charge_booked_by_another(payment: Payment, provider_txn_id: str) -> bool:
+    """Whether the provider transaction is one another payment of the order has
+    booked already; the caller holds the order's lock, which every settlement
+    takes first."""
+    txn = payment.provider_txn_id or provider_txn_id
+    return bool(txn) and (
+        Payment.objects.filter(
+            order_id=payment.order_id,
+            provider_txn_id=txn,
+            journal_entry__isnull=False,
+        )
+        .exclude(pk=payment.pk)
+        .exists()
+    )
 
 
 def _close_pending(
@@ -929,6 +979,7 @@ def _provider_event_apply(event: ProviderEvent) -> None:
                 payment = payment_settle(
                     payment_id=event.payment_id,
                     provider_txn_id=event.payload.get("provider_txn_id", ""),
+                    amount=event.payload.get("amount"),
                 )
             else:
                 payment = payment_fail(payment_id=event.payment_id)
