@@ -609,6 +609,8 @@ def provider_reference(payment: Payment) -> str:
 # The refund reason of a charge the provider collected for another amount than
 # we asked (`payment_settle`); `check_ledger` names these until given back.
 AMOUNT_MISMATCH = "amount_mismatch"
+# The refund reason of a payment whose charge the provider says it refunded.
+REFUNDED_AT_PROVIDER = "refunded_at_provider"
 
 
 def payment_settle(
@@ -707,6 +709,45 @@ def _charge_booked_by_another(payment: Payment, provider_txn_id: str) -> bool:
     )
 
 
+# The provider's answers that say it collected the money (a refund there came after).
+_COLLECTED = ("SUCCESS", "REFUNDED")
+
+
+def payment_apply_charge(*, payment_id: int, charge: ProviderCharge | None) -> Payment:
+    """Bring a provider payment to what the provider says of its charge, once,
+    through the services its callbacks use.
+
+    No charge, or declined: the payment fails; cancelled: it is cancelled (both
+    only from `pending`). Collected: `payment_settle`, with the amount collected
+    (another amount than asked is given back at once). Collected and then
+    refunded at the provider: settled and refunded (reason
+    `refunded_at_provider`), so the order ends `refunded` whether its success
+    callback came first or not at all; the refund's return then finds the charge
+    refunded already. Still open at the provider: nothing changes. Runs in the
+    caller's transaction; every step re-reads under the order's and payment's
+    locks, so a callback, another re-drive or a repeat changes nothing more.
+    """
+    with transaction.atomic(savepoint=False):
+        if charge is None or charge.status == "FAILED":
+            return payment_fail(payment_id=payment_id)
+        if charge.status == "CANCELLED":
+            return payment_cancel(payment_id=payment_id)
+        if charge.status not in _COLLECTED:
+            return Payment.objects.get(pk=payment_id)
+        payment = payment_settle(
+            payment_id=payment_id, provider_txn_id=charge.txn_id, amount=charge.amount
+        )
+        if charge.status == "REFUNDED" and payment.status == Payment.Status.SUCCEEDED:
+            logger.warning(
+                "the provider refunded payment %s's charge %s: refunded here too",
+                payment.pk,
+                charge.txn_id,
+            )
+            payment_refund(payment_id=payment.pk, reason=REFUNDED_AT_PROVIDER)
+            payment = Payment.objects.get(pk=payment.pk)
+    return payment
+
+
 def _close_pending(
     payment_id: int, edge: str, recorded_txn_id: str | None = None
 ) -> Payment:
@@ -770,13 +811,10 @@ def payment_cancel_open_charges(*, order_id: int) -> list[Payment]:
         charge = provider_charge_cancel(merchant_order_no=order.merchant_order_no)
     except ProviderRefused:
         charge = provider_charge_get(merchant_order_no=order.merchant_order_no)
-        if charge is None or charge.status != "SUCCESS":
+        if charge is None or charge.status not in _COLLECTED:
             raise
-    if charge is not None and charge.status == "SUCCESS":
-        latest = payments[0]
-        if charge.amount != latest.amount:  # pragma: no cover - the provider dedupes
-            return []
-        return [payment_settle(payment_id=latest.pk, provider_txn_id=charge.txn_id)]
+    if charge is not None and charge.status in _COLLECTED:
+        return [payment_apply_charge(payment_id=payments[0].pk, charge=charge)]
     closed = [
         payment_cancel(payment_id=p.pk, recorded_txn_id=recorded[p.pk])
         for p in payments
@@ -1042,26 +1080,29 @@ def payment_redrive(*, payment_id: int) -> Payment:
     """Ask the provider how a long-pending payment stands, and act on its answer.
 
     Never inside a transaction (the client refuses): the answer then goes through
-    the same idempotent services a callback uses, so a callback arriving at the same
-    moment settles it once. The provider has no charge: the pay request never got
-    that far, so the payment fails and the order may be paid again. An order that
-    no longer takes money (paid another way, cancelled) has its charge cancelled
-    instead of waited on.
+    the same idempotent services a callback uses (`payment_apply_charge`), so a
+    callback arriving at the same moment, or another re-drive, settles it once.
+    The provider has no charge: the pay request never got that far, so the payment
+    fails and the order may be paid again. Collected for another amount than
+    asked, or collected and refunded at the provider: the money is booked and
+    given back, never kept as the order's payment. A payment a callback settled
+    while this asked is brought to the provider's answer too (a charge refunded
+    there is refunded here). An order that no longer takes money (paid another
+    way, cancelled) has its charge cancelled instead of waited on.
     """
     payment = Payment.objects.select_related("order").get(pk=payment_id)
-    if payment.status != Payment.Status.PENDING:
+    if payment.method != Payment.Method.PROVIDER or payment.status not in (
+        Payment.Status.PENDING,
+        Payment.Status.SUCCEEDED,
+    ):
         return payment
-    if not order_takes_payment(payment.order):
+    if payment.status == Payment.Status.PENDING and not order_takes_payment(
+        payment.order
+    ):
         payment_cancel_open_charges(order_id=payment.order_id)
         return Payment.objects.get(pk=payment.pk)
     charge = provider_charge_get(merchant_order_no=payment.order.merchant_order_no)
-    if charge is None or charge.status == "FAILED":
-        return payment_fail(payment_id=payment.pk)
-    if charge.status == "CANCELLED":
-        return payment_cancel(payment_id=payment.pk)
-    if charge.status == "SUCCESS" and charge.amount == payment.amount:
-        return payment_settle(payment_id=payment.pk, provider_txn_id=charge.txn_id)
-    return payment
+    return payment_apply_charge(payment_id=payment.pk, charge=charge)
 
 
 def payments_stuck(*, older_than_seconds: int, limit: int = 100) -> list[int]:
