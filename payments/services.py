@@ -713,12 +713,19 @@ def _charge_booked_by_another(payment: Payment, provider_txn_id: str) -> bool:
 _COLLECTED = ("SUCCESS", "REFUNDED")
 
 
-def payment_apply_charge(*, payment_id: int, charge: ProviderCharge | None) -> Payment:
+def payment_apply_charge(
+    *,
+    payment_id: int,
+    charge: ProviderCharge | None,
+    recorded_txn_id: str | None = None,
+) -> Payment:
     """Bring a provider payment to what the provider says of its charge, once,
     through the services its callbacks use.
 
     No charge, or declined: the payment fails; cancelled: it is cancelled (both
-    only from `pending`). Collected: `payment_settle`, with the amount collected
+    only from `pending`; given `recorded_txn_id`, the transaction the payment had
+    when the provider was asked, only while it still has that one). Collected:
+    `payment_settle`, with the amount collected
     (another amount than asked is given back at once). Collected and then
     refunded at the provider: settled and refunded (reason
     `refunded_at_provider`), so the order ends `refunded` whether its success
@@ -729,7 +736,7 @@ def payment_apply_charge(*, payment_id: int, charge: ProviderCharge | None) -> P
     """
     with transaction.atomic(savepoint=False):
         if charge is None or charge.status == "FAILED":
-            return payment_fail(payment_id=payment_id)
+            return payment_fail(payment_id=payment_id, recorded_txn_id=recorded_txn_id)
         if charge.status == "CANCELLED":
             return payment_cancel(payment_id=payment_id)
         if charge.status not in _COLLECTED:
@@ -763,9 +770,12 @@ def _close_pending(
     return payment
 
 
-def payment_fail(*, payment_id: int) -> Payment:
-    """Mark a pending payment failed (the provider said so); anything else stays."""
-    return _close_pending(payment_id, "fail")
+def payment_fail(*, payment_id: int, recorded_txn_id: str | None = None) -> Payment:
+    """Mark a pending payment failed (the provider said so); anything else stays.
+    With `recorded_txn_id` (the transaction it had when the provider was asked),
+    one that has recorded another since stays pending: the provider's answer was
+    not about that charge."""
+    return _close_pending(payment_id, "fail", recorded_txn_id)
 
 
 def payment_cancel(*, payment_id: int, recorded_txn_id: str | None = None) -> Payment:
@@ -1083,12 +1093,14 @@ def payment_redrive(*, payment_id: int) -> Payment:
     the same idempotent services a callback uses (`payment_apply_charge`), so a
     callback arriving at the same moment, or another re-drive, settles it once.
     The provider has no charge: the pay request never got that far, so the payment
-    fails and the order may be paid again. Collected for another amount than
-    asked, or collected and refunded at the provider: the money is booked and
-    given back, never kept as the order's payment. A payment a callback settled
-    while this asked is brought to the provider's answer too (a charge refunded
-    there is refunded here). An order that no longer takes money (paid another
-    way, cancelled) has its charge cancelled instead of waited on.
+    fails and the order may be paid again (unless the request, resumed meanwhile,
+    recorded the charge it opened since the provider answered: then it stays
+    pending). Collected for another amount than asked, or collected and refunded
+    at the provider: the money is booked and given back, never kept as the order's
+    payment. A payment a callback settled while this asked is brought to the
+    provider's answer too (a charge refunded there is refunded here). An order
+    that no longer takes money (paid another way, cancelled) has its charge
+    cancelled instead of waited on.
     """
     payment = Payment.objects.select_related("order").get(pk=payment_id)
     if payment.method != Payment.Method.PROVIDER or payment.status not in (
@@ -1102,7 +1114,11 @@ def payment_redrive(*, payment_id: int) -> Payment:
         payment_cancel_open_charges(order_id=payment.order_id)
         return Payment.objects.get(pk=payment.pk)
     charge = provider_charge_get(merchant_order_no=payment.order.merchant_order_no)
-    return payment_apply_charge(payment_id=payment.pk, charge=charge)
+    # Its pay request, resumed meanwhile, may have opened and recorded a charge
+    # since the provider answered: that payment stays pending.
+    return payment_apply_charge(
+        payment_id=payment.pk, charge=charge, recorded_txn_id=payment.provider_txn_id
+    )
 
 
 def payments_stuck(*, older_than_seconds: int, limit: int = 100) -> list[int]:
