@@ -180,8 +180,9 @@ def refunds_not_returned() -> list[str]:
 
 @warning_check
 def charges_not_cancelled() -> list[str]:
-    """Charges opened at the provider for payments already cancelled (their pay
-    request recorded the charge after the cancel) that the provider has not
+    """Charges opened at the provider for payments already closed (their pay
+    request recorded the charge after the cancel, or after beat's re-drive failed
+    the payment of an order paid or cancelled since) that the provider has not
     confirmed cancelled ten minutes later (beat asks again every minute: the
     provider is down). The payer can still pay them; the money would come back as a
     refund."""

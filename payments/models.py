@@ -102,8 +102,9 @@ class Payment(ProtectedStateMixin, ConcurrentTransitionMixin, models.Model):
         PENDING = "pending", _("To be cancelled by the provider")
         CONFIRMED = "confirmed", _("Cancelled by the provider")
 
-    # A charge opened for a payment already cancelled (its pay request recorded it
-    # after the cancel found no charge) is cancelled by a task the record sends:
+    # A charge opened for a payment already closed (its pay request recorded it
+    # after the cancel found no charge, or after beat's re-drive failed it and the
+    # order stopped taking money) is cancelled by a task the record sends:
     # `pending` until the provider confirms the cancel (`confirmed`, with when).
     # Beat sends the task again for one still pending, as it does for a refund to
     # return. Payments cancelled before this column have it empty, as have those

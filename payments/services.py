@@ -13,7 +13,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import IntegrityError, InterfaceError, OperationalError, transaction
-from django.db.models import F, QuerySet
+from django.db.models import F, Q, QuerySet
 from django.db.models.functions import Now
 from django.utils import timezone
 
@@ -373,7 +373,11 @@ def payment_pay_with_provider(
     would be (`OrderAlreadyPaid`, `OrderNotPayable`; the engine stores the refusal),
     never answered with a pay page that can no longer be paid: before the provider
     is asked, nothing is opened there; after it, the charge is cancelled (by the
-    task the record sends, or the one that paid or cancelled the order).
+    task the record sends, or the one that paid or cancelled the order). One whose
+    payment beat's re-drive failed (the provider had no charge yet), before or
+    while it asked the provider, answers the order's payment opened again, with
+    the provider's one charge recorded on it, as a fresh request would: never a
+    payment that failed.
     """
     if phases.recovery_point == "started":
         with phases.phase("payment_created"):
@@ -406,6 +410,9 @@ def payment_pay_with_provider(
                 provider_txn_id=charge.txn_id,
                 pay_url=charge.pay_url,
             )
+            # The order's payment opened again, if beat's re-drive failed this one
+            # while the provider answered: the one a resumed request answers.
+            phases.data["payment_id"] = payment.pk
     if payment.status in _UNPAID:
         # Its order, as read with the payment after the last step, may have been
         # paid another way or cancelled meanwhile: its pay page is no answer then.
@@ -449,28 +456,44 @@ def payment_record_charge(
     *, payment_id: int, provider_txn_id: str, pay_url: str
 ) -> Payment:
     """Record the provider's transaction and pay page on the payment (once: a
-    recorded transaction is never overwritten).
+    recorded transaction is never overwritten); return the payment that has it.
 
-    The payment may have been cancelled while its pay request talked to the
-    provider (the order was paid another way, and the cancel found no charge yet):
-    the charge just opened is then cancelled too, by a task sent after commit. The
-    payment's `charge_cancel` says `pending` until the provider confirms it, so
-    that beat sends the task again if it is lost (a broker that did not take it).
+    Under the order and payment locks, as the services that close a pending
+    payment take them. The payment may have been closed while its pay request
+    talked to the provider:
+    - failed by beat's re-drive (the provider had no charge yet) while its order
+      still takes money: the charge is the order's, and is recorded on the order's
+      open payment, opened again if need be, as a fresh request would have it (the
+      provider dedupes by merchant order number: a fresh request gets this charge);
+    - cancelled (the order was paid another way, and the cancel found no charge
+      yet), or failed for an order that no longer takes money: the charge just
+      opened is cancelled too, by a task sent after commit. The payment's
+      `charge_cancel` says `pending` until the provider confirms it, so that beat
+      sends the task again if it is lost (a broker that did not take it).
     """
-    Payment.objects.filter(pk=payment_id, provider_txn_id="").update(
-        provider_txn_id=provider_txn_id, pay_url=pay_url, updated_at=timezone.now()
-    )
-    payment = Payment.objects.select_related("order").get(pk=payment_id)
-    if payment.status == Payment.Status.CANCELLED:
-        # Pending since now by the database's clock (`updated_at`, which nothing
-        # else moves until the cancel is confirmed), as beat's re-drive reads it.
-        Payment.objects.filter(
-            pk=payment.pk,
-            status=Payment.Status.CANCELLED,
-            charge_cancel=Payment.ChargeCancel.NONE,
-        ).update(charge_cancel=Payment.ChargeCancel.PENDING, updated_at=Now())
-        enqueue_on_commit(CANCEL_OPEN_CHARGES, payment.order_id)
-    return payment
+    with transaction.atomic(savepoint=False):
+        order, payment = _lock(payment_id)
+        if payment.provider_txn_id:
+            return Payment.objects.select_related("order").get(pk=payment_id)
+        if payment.status == Payment.Status.FAILED and order_takes_payment(order):
+            reopened = payment_provider_start(order_id=order.pk)
+            return payment_record_charge(
+                payment_id=reopened.pk, provider_txn_id=provider_txn_id, pay_url=pay_url
+            )
+        # By the database's clock: a charge to cancel is pending since `updated_at`
+        # (which nothing else moves until the cancel is confirmed), as beat's
+        # re-drive reads it.
+        record = {"provider_txn_id": provider_txn_id, "pay_url": pay_url}
+        if payment.status in _CLOSED_UNPAID:
+            record["charge_cancel"] = Payment.ChargeCancel.PENDING
+            enqueue_on_commit(CANCEL_OPEN_CHARGES, payment.order_id)
+        Payment.objects.filter(pk=payment.pk).update(**record, updated_at=Now())
+    return Payment.objects.select_related("order").get(pk=payment_id)
+
+
+# A provider payment closed without taking money: a charge recorded on it after it
+# was closed is cancelled at the provider.
+_CLOSED_UNPAID = (Payment.Status.CANCELLED, Payment.Status.FAILED)
 
 
 def refund_reference(payment: Payment) -> str:
@@ -801,13 +824,15 @@ def payment_cancel_open_charges(*, order_id: int) -> list[Payment]:
     order = Order.objects.get(pk=order_id)
     if order_takes_payment(order):
         return []  # it may still be paid through the provider
-    # Cancelled ones too: a charge opened after we cancelled (see
-    # `payment_record_charge`) is cancelled at the provider all the same.
+    # Closed ones too: a charge opened after we cancelled, or after beat's re-drive
+    # failed the payment (see `payment_record_charge`), is cancelled at the
+    # provider all the same.
     payments = list(
         Payment.objects.filter(
+            Q(status__in=[Payment.Status.PENDING, Payment.Status.CANCELLED])
+            | Q(charge_cancel=Payment.ChargeCancel.PENDING),
             order_id=order_id,
             method=Payment.Method.PROVIDER,
-            status__in=[Payment.Status.PENDING, Payment.Status.CANCELLED],
         ).order_by("-pk")
     )
     if not payments:
@@ -853,9 +878,9 @@ def _charge_cancel_confirmed(
             p: t for p, t in closed_txns.items() if cancelled and t == charge.txn_id
         }
     if closed_txns:
-        Payment.objects.filter(
-            pk__in=closed_txns, status=Payment.Status.CANCELLED
-        ).exclude(charge_cancel=Payment.ChargeCancel.CONFIRMED).update(
+        Payment.objects.filter(pk__in=closed_txns, status__in=_CLOSED_UNPAID).exclude(
+            charge_cancel=Payment.ChargeCancel.CONFIRMED
+        ).update(
             charge_cancel=Payment.ChargeCancel.CONFIRMED, charge_cancelled_at=Now()
         )
 
@@ -1095,12 +1120,13 @@ def payment_redrive(*, payment_id: int) -> Payment:
     The provider has no charge: the pay request never got that far, so the payment
     fails and the order may be paid again (unless the request, resumed meanwhile,
     recorded the charge it opened since the provider answered: then it stays
-    pending). Collected for another amount than asked, or collected and refunded
-    at the provider: the money is booked and given back, never kept as the order's
-    payment. A payment a callback settled while this asked is brought to the
-    provider's answer too (a charge refunded there is refunded here). An order
-    that no longer takes money (paid another way, cancelled) has its charge
-    cancelled instead of waited on.
+    pending; one that records it on the failed payment records it on the order's
+    payment opened again, see `payment_record_charge`). Collected for another
+    amount than asked, or collected and refunded at the provider: the money is
+    booked and given back, never kept as the order's payment. A payment a callback
+    settled while this asked is brought to the provider's answer too (a charge
+    refunded there is refunded here). An order that no longer takes money (paid
+    another way, cancelled) has its charge cancelled instead of waited on.
     """
     payment = Payment.objects.select_related("order").get(pk=payment_id)
     if payment.method != Payment.Method.PROVIDER or payment.status not in (
@@ -1161,9 +1187,9 @@ def refunds_to_return(*, older_than_seconds: int, limit: int = 500) -> list[int]
 
 
 def charges_to_cancel(*, older_than_seconds: int, limit: int = 500) -> list[int]:
-    """Ids of the orders of cancelled provider payments whose charge, opened after
-    the cancel, the provider has not confirmed cancelled `older_than_seconds` after
-    it was recorded: their task was lost, or the provider did not answer."""
+    """Ids of the orders of closed provider payments whose charge, opened after
+    they were closed, the provider has not confirmed cancelled `older_than_seconds`
+    after it was recorded: their task was lost, or the provider did not answer."""
     pending = charges_not_cancelled(older_than_seconds=older_than_seconds)
     return list(
         pending.order_by("order_id")
@@ -1173,13 +1199,13 @@ def charges_to_cancel(*, older_than_seconds: int, limit: int = 500) -> list[int]
 
 
 def charges_not_cancelled(*, older_than_seconds: int) -> QuerySet[Payment]:
-    """Cancelled provider payments whose charge's cancel the provider has not
-    confirmed `older_than_seconds` after it was recorded (by the database's clock),
-    oldest first."""
+    """Closed provider payments (cancelled, or failed by beat's re-drive) whose
+    charge's cancel the provider has not confirmed `older_than_seconds` after it was
+    recorded (by the database's clock), oldest first."""
     cutoff = DatabaseNow(plus=-timedelta(seconds=older_than_seconds))
     return Payment.objects.filter(
         method=Payment.Method.PROVIDER,
-        status=Payment.Status.CANCELLED,
+        status__in=_CLOSED_UNPAID,
         charge_cancel=Payment.ChargeCancel.PENDING,
         updated_at__lt=cutoff,
     ).order_by("pk")
