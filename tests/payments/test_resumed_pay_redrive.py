@@ -24,7 +24,7 @@ from payments.models import Payment, Shipment
 from payments.provider.models import Charge
 from payments.services import payment_redrive, payments_stuck
 from payments.tasks import payment_cancel_open_charges_task
-from tests.conftest import Background
+from tests.conftest import Background, run_in_threads
 from tests.helpers import (
     assert_ledger_ok,
     assert_problem,
@@ -211,3 +211,43 @@ def test_the_redrive_does_not_fail_a_payment_whose_charge_its_retry_recorded(
     assert PayPage(body["pay_url"]).confirm().status_code == 303
     assert beat_redrives() == ["succeeded"]
     assert_paid_once_through_the_provider(order)
+
+
+def test_a_resumed_pay_request_racing_the_redrive_ends_one_way(provider, settings):
+    """The retry and the re-drive from real threads at the same instant, a few
+    times over: whoever is first, the answer is a `201` naming the order's one
+    pending payment with the provider's charge recorded on it, a payment the
+    re-drive failed has no charge, and the payer's confirmation settles the order
+    once."""
+    user, api, _ = customer("rue")
+    orders = []
+    for round_ in range(4):
+        order = place_order(user, amount=1600 + round_)
+        key = cut_off_after_phase_one(api, order, settings)
+        stuck = Payment.objects.get(order=order)
+        pause_past_the_timeout(stuck)
+
+        def work(i: int, order=order, key=key, stuck=stuck):
+            if i == 0:
+                return pay(customer("rue")[1], order, "provider", key)
+            return payment_redrive(payment_id=stuck.pk).status
+
+        retried, redriven = run_in_threads(2, work)
+        assert retried.status_code == 201, retried.content
+        body = retried.json()
+        assert body["status"] == "pending" and body["pay_url"]
+        assert redriven in ("pending", "failed"), redriven
+        assert (body["id"] != stuck.pk) == (redriven == "failed")
+        charge = Charge.objects.get(merchant_order_no=order.merchant_order_no)
+        assert charge.status == Charge.Status.PENDING
+        (open_,) = Payment.objects.filter(order=order, status="pending")
+        assert (open_.pk, open_.provider_txn_id) == (body["id"], charge.txn_id)
+        assert not Payment.objects.filter(order=order, status="failed").exclude(
+            provider_txn_id=""
+        )
+        assert_replayed(api, order, key, retried)
+        assert PayPage(body["pay_url"]).confirm().status_code == 303
+        for payment in Payment.objects.filter(order=order):
+            payment_redrive(payment_id=payment.pk)
+        orders.append(order)
+    assert_paid_once_through_the_provider(*orders)
