@@ -61,6 +61,30 @@ def user_scope(request: HttpRequest) -> str:
     return f"user:{authenticated(request).pk}"
 
 
+# How the latest payment ended, as the note the live part shows once the poll sees
+# it settle: what became of the shopper's money, not only of the payment.
+OUTCOME_LEVELS = {"paid": "success", "refunded": "info", "late_refunded": "info"}
+
+
+def _outcome(order: Order, latest: Payment | None) -> str:
+    """Name the end the order's latest payment came to, for the settled note."""
+    if latest is None:
+        return ""
+    if order.status == Order.Status.REFUNDED:
+        return "refunded"  # paid, then given back
+    if order.is_paid:
+        return "paid"
+    if latest.status == Payment.Status.REFUNDED:
+        # Its success came when the order no longer took money (cancelled as the
+        # payer confirmed): `payment_settle` refunded it at once.
+        return "late_refunded"
+    if latest.status == Payment.Status.FAILED:
+        return "declined"
+    if order.status == Order.Status.CANCELLED:
+        return "cancelled"
+    return "not_taken"
+
+
 def _order_context(order: Order) -> dict:
     """What the order page and its live part show: the order, its payments, what
     the shopper may do now, and a state the page's poll compares."""
@@ -78,6 +102,12 @@ def _order_context(order: Order) -> dict:
             (p for p in payments if p.status == Payment.Status.SUCCEEDED), None
         )
     latest = payments[0] if payments else None
+    # A cancelled order's provider payment still open may yet settle: the payer
+    # confirmed it as the cancel came (the success is then refunded), or its charge
+    # is being cancelled at the provider. Follow it to its end, so that the note
+    # says which, instead of stopping at the cancel.
+    settling = order.status == Order.Status.CANCELLED and open_provider is not None
+    outcome = _outcome(order, latest)
     return {
         "order": order,
         "payments": payments,
@@ -86,10 +116,13 @@ def _order_context(order: Order) -> dict:
         # Follow the page while a payment may still settle by itself: one with a
         # pay page. A pending payment the provider never answered for has none, so
         # nothing can settle it; the shopper presses the button again.
-        "following": payable and open_provider is not None,
+        "following": (payable or settling) and open_provider is not None,
+        "settling": settling,
         "refundable": refundable,
         "refund_token": new_form_token() if refundable else "",
         "latest": latest,
+        "outcome": outcome,
+        "outcome_level": OUTCOME_LEVELS.get(outcome, "warning"),
         "state": ";".join(
             [str(order.status), *(f"{p.pk}:{p.status}" for p in payments)]
         ),

@@ -16,10 +16,17 @@ from ledger.models import JournalEntry, Posting
 from ledger.services import ledger_post, merchant_account, wallet_top_up
 from ledger.texts import entry_params, entry_text
 from orders.models import Order
+from orders.services import order_cancel
 from payments.models import Payment, Refund
 from payments.provider.models import Charge
 from payments.provider.services import charge_create, charge_settle
-from payments.services import payment_pay_with_balance, payment_settle
+from payments.services import (
+    payment_cancel,
+    payment_fail,
+    payment_pay_with_balance,
+    payment_refund,
+    payment_settle,
+)
 from tests.conftest import run_in_threads
 from tests.helpers import balance, customer, pending_provider_payment, place_order
 
@@ -83,6 +90,80 @@ def test_the_live_part_follows_a_pending_payment_until_it_settles(client, shoppe
     for gone in ('id="pay"', 'id="pay-provider"', 'id="continue-pay"', "pay.example"):
         assert gone not in body
     assert 'id="refund"' in body
+
+
+def settled_note(live) -> tuple[str, str]:
+    """The live part's note, as the poll shows it: its outcome and its words."""
+    match = re.search(
+        r'<p class="message message-(\w+)" id="settled-note"[^>]*>(.*?)</p>',
+        live.content.decode(),
+        re.S,
+    )
+    assert match, live.content.decode()[:3000]
+    return match[1], " ".join(match[2].split())
+
+
+def test_a_success_after_the_cancel_is_followed_and_told_as_refunded(client, shopper):
+    # The payer confirms on the pay page as the order is cancelled: the late success
+    # is refunded, and the page says so, not that the payment did not go through.
+    user, _ = shopper
+    order = place_order(user, amount=1500)
+    url = f"/orders/{order.merchant_order_no}/live"
+    payment = pending_provider_payment(order, txn="Prace")
+    Payment.objects.filter(pk=payment.pk).update(pay_url="http://pay.example/p/3")
+    order_cancel(order_id=order.pk)
+    cancelled = client.get(url).content.decode()
+    # The payment may still settle: the page follows it to its end.
+    assert 'data-following="1"' in cancelled and 'id="waiting"' in cancelled
+    assert "if it went through, it is refunded" in cancelled
+    for gone in ('id="pay"', 'id="pay-provider"', 'id="continue-pay"'):
+        assert gone not in cancelled
+    payment_settle(payment_id=payment.pk, provider_txn_id="Prace")
+    settled = client.get(url)
+    assert settled["X-Order-State"] == f"90;{payment.pk}:refunded"
+    assert 'data-following="0"' in settled.content.decode()
+    assert settled_note(settled) == (
+        "info",
+        "Your payment came in after the order was cancelled, so it was refunded.",
+    )
+
+
+def test_a_cancelled_charge_of_a_cancelled_order_is_told_as_nothing_charged(
+    client, shopper
+):
+    user, _ = shopper
+    order = place_order(user)
+    payment = pending_provider_payment(order, txn="Pstop")
+    Payment.objects.filter(pk=payment.pk).update(pay_url="http://pay.example/p/4")
+    order_cancel(order_id=order.pk)
+    payment_cancel(payment_id=payment.pk)
+    live = client.get(f"/orders/{order.merchant_order_no}/live")
+    assert 'data-following="0"' in live.content.decode()
+    assert settled_note(live) == (
+        "warning",
+        "The order was cancelled; nothing was charged.",
+    )
+
+
+def test_a_declined_payment_is_told_so_with_another_try(client, shopper):
+    user, _ = shopper
+    order = place_order(user)
+    payment = pending_provider_payment(order, txn="Pno")
+    payment_fail(payment_id=payment.pk)
+    live = client.get(f"/orders/{order.merchant_order_no}/live")
+    assert 'id="pay-provider"' in live.content.decode()
+    assert settled_note(live) == (
+        "warning",
+        "The payment was declined. You can try again.",
+    )
+
+
+def test_a_paid_then_refunded_order_is_told_as_refunded(client, shopper):
+    user, _ = shopper
+    order = paid_order(user)
+    payment_refund(payment_id=Payment.objects.get(order=order).pk)
+    live = client.get(f"/orders/{order.merchant_order_no}/live")
+    assert settled_note(live) == ("info", "The payment was received, then refunded.")
 
 
 def test_a_paid_order_with_a_forgotten_charge_offers_no_pay_page(client, shopper):
