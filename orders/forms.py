@@ -1,3 +1,4 @@
+import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -6,11 +7,15 @@ from django.utils.translation import gettext_lazy as _
 
 from ledger.forms import MoneyField, PlainIntegerField, minor_units
 
-from .fields import MAX_AMOUNT, MAX_ITEM_QUANTITY
+from .fields import MAX_AMOUNT, MAX_ITEM_QUANTITY, MAX_ORDER_LINES
 from .models import MERCHANT_ORDER_NO_MAX_LENGTH, Product
+
+QUANTITY_FIELD = re.compile(r"quantity_[0-9]{1,19}")
 
 
 class OrderForm(forms.Form):
+    DRAFT_VALUE_MAX_LENGTH = 255
+
     # The one-time form token: a merchant order number issued by a pre-order when the
     # form was shown. Submitting the same form again names the same order.
     token = forms.CharField(
@@ -53,6 +58,18 @@ class OrderForm(forms.Form):
             name.startswith("quantity_") and str(value).strip()
             for name, value in data.items()
         )
+
+    @classmethod
+    def draft(cls, data: Mapping[str, Any]) -> dict[str, str]:
+        """What was typed into this form, as text to show on it again: its own
+        fields only (a product's quantity by its field's name), each cut to a
+        field's length, and no more product lines than an order may have."""
+        own = [name for name in ("token", "amount", "description") if name in data]
+        lines = [name for name in data if QUANTITY_FIELD.fullmatch(name)]
+        return {
+            name: str(data[name])[: cls.DRAFT_VALUE_MAX_LENGTH]
+            for name in own + lines[:MAX_ORDER_LINES]
+        }
 
     def showing(self, products: Iterable[Product]) -> "OrderForm":
         """This form again (its data, initial values and errors) with `products`

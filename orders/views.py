@@ -77,6 +77,55 @@ def login_required_back_to_order(view: Callable) -> Callable:
     return wrapped
 
 
+# What the shopper typed into the order form when its POST found them logged out
+# (the session expired, or they logged out in another tab): kept in the session,
+# which the login keeps, and shown on the form again once they are back, for them
+# to check and send again. Nothing is ordered in between.
+FORM_DRAFT_SESSION_KEY = "order_form_draft"
+
+
+def login_required_keeping_the_form(view: Callable) -> Callable:
+    """`login_required` for the order form. Its POST after the session ended orders
+    nothing, keeps what was typed, and the login leads back to the form (by its
+    token, so a form that already placed its order lands on that order again when
+    sent), where the shopper finds it filled in and presses the button again."""
+    guarded = login_required(view)
+
+    @wraps(view)
+    def wrapped(request: HttpRequest, *args, **kwargs) -> HttpResponse:
+        if request.user.is_authenticated or request.method != "POST":
+            return guarded(request, *args, **kwargs)
+        draft = OrderForm.draft(request.POST)
+        request.session[FORM_DRAFT_SESSION_KEY] = draft
+        messages.warning(
+            request,
+            _(
+                "You were logged out, so nothing was ordered. Log in, then check "
+                "the form and place the order again."
+            ),
+        )
+        back = reverse("order-new")
+        if draft.get("token", "").isdigit():
+            back = f"{back}?{urlencode({'token': draft['token']})}"
+        return redirect_to_login(back)
+
+    return wrapped
+
+
+def _kept_draft(request: HttpRequest) -> dict[str, str]:
+    """The form the shopper typed before being logged out, once, without its token.
+
+    Only a form whose token was issued to this shopper is theirs to see again:
+    someone else who logs in on the same browser gets an empty form."""
+    draft = request.session.pop(FORM_DRAFT_SESSION_KEY, None)
+    if not isinstance(draft, dict):
+        return {}
+    token = str(draft.pop("token", ""))
+    if preorder_find(owner=authenticated(request), merchant_order_no=token) is None:
+        return {}
+    return draft
+
+
 @require_GET
 def home(request: HttpRequest) -> HttpResponse:
     return HttpResponseRedirect(reverse("order-list"))
@@ -115,7 +164,7 @@ def _form_preorder(request: HttpRequest) -> PreOrder:
     return preorder
 
 
-@login_required
+@login_required_keeping_the_form
 def order_new(request: HttpRequest) -> HttpResponse:
     """Show the order form with a one-time token; create the order on POST.
 
@@ -226,7 +275,17 @@ def order_new(request: HttpRequest) -> HttpResponse:
             query = urlencode({"token": preorder.merchant_order_no})
             return HttpResponseRedirect(f"{reverse('order-new')}?{query}")
         initial: dict[str, object] = {"token": preorder.merchant_order_no}
-        if placed is not None:
+        draft = _kept_draft(request)
+        if draft:
+            initial.update(draft)
+            messages.info(
+                request,
+                _(
+                    "Here is the form as you left it; nothing was ordered yet. "
+                    "Check it and place the order."
+                ),
+            )
+        elif placed is not None:
             lines = {line.product_id: line.quantity for line in placed.items.all()}
             if lines:
                 initial.update(

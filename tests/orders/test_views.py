@@ -2,13 +2,16 @@
 
 import re
 from datetime import timedelta
+from urllib.parse import parse_qs, urlsplit
 
 import pytest
 from django.db import transaction
+from django.test import Client
 from django.utils import timezone
 
 from ledger.models import Account, Posting
 from orders.models import Order, PreOrder
+from orders.services import product_get_or_create, stock_top_up
 from payments.models import Payment
 from tests.helpers import balance, customer, place_order
 
@@ -517,3 +520,129 @@ def test_a_provider_that_did_not_answer_leaves_nothing_to_wait_for(
     assert b'id="waiting"' not in page.content
     assert b'data-following="0"' in page.content
     assert b'id="pay-provider"' in page.content
+
+
+# The order form sent after the session ended -----------------------------------------
+
+
+def logged_out_shopper(client, name: str = "dora"):
+    """A shopper with a password whose order form is open when the session ends."""
+    user = customer(name, balance=10_000)[0]
+    user.set_password(f"{name}-pass-1")
+    user.save()
+    client.force_login(user)
+    return user
+
+
+def log_in_after(client, answer, name: str = "dora"):
+    """Follow the login redirect as a browser does: the login page, then its form."""
+    assert answer.status_code == 302 and answer["Location"].startswith("/login?")
+    nxt = parse_qs(urlsplit(answer["Location"]).query)["next"][0]
+    login = client.get(answer["Location"])
+    back = client.post(
+        "/login", {"username": name, "password": f"{name}-pass-1", "next": nxt}
+    )
+    assert back.status_code == 302
+    return login, back["Location"]
+
+
+def test_a_form_sent_after_the_session_ended_is_kept_for_after_the_login(client):
+    user = logged_out_shopper(client)
+    tea = product_get_or_create(sku="TEA", name="Tea", price=1000, currency="CNY")[0]
+    stock_top_up(product_id=tea.pk, at_least=5)
+    token = form_token(new_form(client))
+    client.logout()  # the session expired, or they logged out in another tab
+    typed = {
+        "token": token,
+        "amount": "",
+        "description": "For grandma",
+        f"quantity_{tea.pk}": "2",
+    }
+    answer = client.post("/orders/new", typed)
+    assert not Order.objects.exists()  # nothing ordered while logged out
+    login, back = log_in_after(client, answer)
+    assert messages_of(login) == [
+        "You were logged out, so nothing was ordered. Log in, then check the form "
+        "and place the order again."
+    ]
+    assert not Order.objects.exists()  # nor by logging in
+    assert back == f"/orders/new?token={token}"
+    form = client.get(back)
+    assert form.status_code == 200 and form_token(form) == token
+    html = form.content.decode()
+    assert 'value="For grandma"' in html
+    assert re.search(rf'name="quantity_{tea.pk}" value="2"', html)
+    assert messages_of(form) == [
+        "Here is the form as you left it; nothing was ordered yet. Check it and "
+        "place the order."
+    ]
+    assert not Order.objects.exists()
+    # Kept once: showing the form again shows it as it is now, not the kept one.
+    assert 'value="For grandma"' not in client.get(back).content.decode()
+    placed = client.post("/orders/new", typed)  # the button, pressed again
+    assert placed.status_code == 303 and placed["Location"] == f"/orders/{token}"
+    order = Order.objects.get()
+    assert (order.owner, order.amount, order.description) == (
+        user,
+        2000,
+        "For grandma",
+    )
+
+
+def test_a_placed_form_sent_again_after_the_session_ended_orders_once(client):
+    logged_out_shopper(client)
+    token = form_token(new_form(client))
+    typed = {"token": token, "amount": "7.50", "description": "Tea"}
+    assert client.post("/orders/new", typed).status_code == 303
+    client.logout()
+    # Back to the form, and sent again: the login leads back to the same form.
+    _, back = log_in_after(client, client.post("/orders/new", typed))
+    form = client.get(back)
+    assert form_token(form) == token and form.context["placed"] is not None
+    again = client.post("/orders/new", typed)
+    assert again["Location"] == f"/orders/{token}"
+    assert Order.objects.count() == 1
+    assert "You already placed this order; here it is." in messages_of(
+        client.get(again["Location"])
+    )
+
+
+def test_someone_else_logging_in_does_not_see_the_kept_form(client):
+    logged_out_shopper(client)
+    token = form_token(new_form(client))
+    client.logout()
+    answer = client.post(
+        "/orders/new", {"token": token, "amount": "9", "description": "Secret gift"}
+    )
+    logged_out_shopper(Client(), "erin")
+    _, back = log_in_after(client, answer, "erin")
+    form = client.get(client.get(back)["Location"])  # not erin's token: a new one
+    assert form_token(form) != token
+    assert "Secret gift" not in form.content.decode()
+    assert not Order.objects.exists()
+
+
+@pytest.mark.parametrize(
+    "posted",
+    [
+        {"amount": "x" * 10_000, "description": "y" * 10_000},
+        {"evil": "1", **{f"quantity_{n}": "1" for n in range(999_990, 1_000_090)}},
+        {"token": "<script>", "amount": "3"},
+        {},
+    ],
+    ids=["long", "many-lines", "odd-token", "empty"],
+)
+def test_a_mangled_form_sent_logged_out_comes_back_as_a_plain_form(client, posted):
+    logged_out_shopper(client)
+    token = form_token(new_form(client))
+    client.logout()
+    answer = client.post("/orders/new", {"token": token, **posted})
+    _, back = log_in_after(client, answer)
+    form = client.get(back)
+    if form.status_code == 302:  # a token not the shopper's: a new form
+        form = client.get(form["Location"])
+    assert form.status_code == 200
+    html = form.content.decode()
+    assert "x" * 256 not in html and "y" * 256 not in html and "evil" not in html
+    assert not Order.objects.exists()
+    assert len(client.session.get("order_form_draft", {})) == 0
