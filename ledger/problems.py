@@ -3,8 +3,16 @@
 from typing import Any
 from urllib.parse import urlsplit
 
-from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
+from django.core.exceptions import DisallowedHost
+from django.http import (
+    Http404,
+    HttpRequest,
+    HttpResponse,
+    HttpResponseBadRequest,
+    JsonResponse,
+)
 from django.shortcuts import render
+from django.template import loader
 from django.urls import reverse
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views import defaults
@@ -160,9 +168,27 @@ def server_error(request: HttpRequest) -> HttpResponse:
 
 
 def bad_request(request: HttpRequest, exception: Exception) -> HttpResponse:
-    if not _is_api(request):
-        return defaults.bad_request(request, exception)
-    return problem_response(status.HTTP_400_BAD_REQUEST, "bad_request", "Bad request")
+    """handler400: a request refused before a view ran it (a Host header that
+    ALLOWED_HOSTS does not list, too many form fields, ...) or by its view
+    (`BadRequest`). An API path gets problem+json, `host_not_allowed` for the
+    host, else `bad_request`; a page gets the shop's 400 page, rendered without
+    the request, as Django's own is: the request may name a host this site is not
+    served at, so the page mints no CSRF token or session for it and holds no
+    form."""
+    host_refused = isinstance(exception, DisallowedHost)
+    if _is_api(request):
+        if host_refused:
+            return problem_response(
+                status.HTTP_400_BAD_REQUEST,
+                "host_not_allowed",
+                "Host not allowed",
+                "The Host header names no site this server serves; nothing was done.",
+            )
+        return problem_response(
+            status.HTTP_400_BAD_REQUEST, "bad_request", "Bad request"
+        )
+    page = loader.render_to_string("400.html", {"host_refused": host_refused})
+    return HttpResponseBadRequest(page)
 
 
 def csrf_failure(request: HttpRequest, reason: str = "") -> HttpResponse:
