@@ -24,7 +24,8 @@ It never sends a key the server may have forgotten: the server keeps a key for i
 time to live (`key_ttl`, 24 h by default, as the server's `IDEMPOTENCY_TTL_SECONDS`)
 after the request finished, so past `key_ttl` since the key was first sent a retry
 could be executed as a new operation, a second charge. The client raises `KeyExpired`
-instead, with what the key-status endpoint knows.
+instead, with what the key-status endpoint knows. An address it cannot send to (no
+`http://`) is a `ValueError` at once, never retried: a bug, not a network outage.
 
 ```python
 from idempotency.client import IdempotentClient
@@ -195,6 +196,14 @@ class IdempotentClient:
         key_ttl: float = 86400.0,
     ) -> None:
         self.http = http or httpx.Client(base_url=base_url, timeout=timeout)
+        # "127.0.0.1:8000" is no address httpx can send to: every attempt would fail
+        # as a transport error, retried to the deadline as if the network were down.
+        where = self.http.base_url
+        if where.scheme not in ("http", "https") or not where.host:
+            raise ValueError(
+                f"base_url needs http:// or https:// and a host, as in "
+                f"http://127.0.0.1:8000, not {str(where)!r}"
+            )
         self.headers = {"Authorization": f"Token {token}"}
         self.intents = IntentStore(store)
         self.deadline = deadline
@@ -228,6 +237,8 @@ class IdempotentClient:
             try:
                 self.attempts += 1
                 response = self.http.post(path, json=body, headers=headers)
+            except httpx.UnsupportedProtocol as wrong:  # a path of "ftp://...": a bug
+                raise ValueError(f"{path!r} is no http(s) address: {wrong}") from None
             except httpx.TransportError:  # timeouts and broken connections
                 response = None
             if response is not None:

@@ -384,3 +384,23 @@ def test_a_key_the_server_would_refuse_is_refused_before_sending(tmp_path, key):
     with pytest.raises(ValueError, match="printable ASCII"):
         client.post("/pay", {}, key=key)
     assert client.attempts == 0
+
+
+@pytest.mark.parametrize("url", ["127.0.0.1:8000", "localhost:8000", "ftp://shop", ""])
+def test_an_address_without_http_is_refused_at_once(tmp_path, url):
+    # httpx cannot send to "127.0.0.1:8000": each attempt was a transport error,
+    # retried to the deadline and reported as an outcome unknown, as if the
+    # network were down, for what is a mistake in the caller's code.
+    started = time.monotonic()
+    with pytest.raises(ValueError, match="http://"):
+        IdempotentClient(url, "t", store=tmp_path / "i.db", deadline=5).post(
+            "/api/v1/preorders", {}, intent="pay"
+        )
+    assert time.monotonic() - started < 1
+
+
+def test_a_path_that_is_no_http_address_is_refused_at_once(tmp_path):
+    client = IdempotentClient("http://127.0.0.1:9", "t", store=tmp_path / "i.db")
+    with pytest.raises(ValueError, match="no http"):
+        client.post("ftp://shop/pay", {}, intent="pay")
+    assert client.attempts == 1
