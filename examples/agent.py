@@ -58,6 +58,8 @@ def main() -> int:
         return 2
     except OutcomeUnknown as exc:
         print("gave up waiting; the server says:", exc.status)
+        if exc.retry_at is not None:  # it asked for no retry before then
+            print("run this task again from", exc.retry_at.isoformat())
         return 3
     return 0 if paid.status_code < 400 else 1
 

@@ -18,7 +18,9 @@ says whether it was a replay of an earlier attempt's answer (`replayed`). A 422
 `idempotency_key_reused` means the caller sent a different request under an old
 intent: a bug, raised as `KeyReused`. When the deadline passes with the outcome still
 unknown, it asks the key-status endpoint and raises `OutcomeUnknown` with what the
-server knows.
+server knows. A `Retry-After` that falls past the deadline ends the call at once
+(no retry may come sooner, and sleeping out the time left changes nothing): its
+`OutcomeUnknown` says in `retry_at` when the server takes the intent again.
 
 It never sends a key the server may have forgotten: the server keeps a key for its
 time to live (`key_ttl`, 24 h by default, as the server's `IDEMPOTENCY_TTL_SECONDS`)
@@ -43,6 +45,7 @@ import sqlite3
 import time
 import uuid
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from email.utils import parsedate_to_datetime
 from pathlib import Path
 from typing import Any
@@ -103,13 +106,30 @@ class OutcomeUnknown(Exception):
     that the key is in flight, `{"status": "unreachable"}` if it could not answer,
     None if it has no record. None is "nothing has taken effect" only once no
     attempt can still be running: one that commits its effect and its key together
-    is not recorded until it finishes, so resolve it by retrying the same intent."""
+    is not recorded until it finishes, so resolve it by retrying the same intent.
+
+    `retry_at` (UTC) is set when the server's `Retry-After` asked for no retry
+    before a time past the deadline: the client stopped at once rather than sleep
+    through what was left for nothing; retry the same intent from then on."""
 
     replayed = False
 
-    def __init__(self, intent: str, key: str, status: dict[str, Any] | None) -> None:
+    def __init__(
+        self,
+        intent: str,
+        key: str,
+        status: dict[str, Any] | None,
+        retry_at: datetime | None = None,
+    ) -> None:
         self.intent, self.key, self.status = intent, key, status
-        super().__init__(f"outcome of {intent!r} unknown (key {key}): {status}")
+        self.retry_at = retry_at
+        message = f"outcome of {intent!r} unknown (key {key}): {status}"
+        if retry_at is not None:
+            message += (
+                f"; the server asked for no retry before {retry_at:%Y-%m-%dT%H:%M:%SZ}"
+                ", past the deadline: retry the same intent from then on"
+            )
+        super().__init__(message)
 
 
 class KeyExpired(OutcomeUnknown):
@@ -252,6 +272,7 @@ class IdempotentClient:
                     self.intents.finish(intent, code)
                     return Result(response, key)
                 wait = retry_after(response)
+            hinted = bool(wait)  # the server's, which no retry may come before
             if not wait:  # no hint, or "now": back off all the same
                 # 2**attempt past 1,024 attempts no longer fits in a float; long
                 # before that the ceiling is max_delay.
@@ -266,7 +287,10 @@ class IdempotentClient:
                     # An attempt that commits its effect and its key in one
                     # transaction has no record until it finishes.
                     status = {"status": "processing"}
-                raise OutcomeUnknown(intent, key, status)
+                retry_at = None
+                if hinted:
+                    retry_at = datetime.now(UTC) + timedelta(seconds=wait)
+                raise OutcomeUnknown(intent, key, status, retry_at)
             time.sleep(wait)
 
     def _status(self, key: str) -> dict[str, Any] | None:

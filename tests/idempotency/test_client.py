@@ -7,6 +7,7 @@ import subprocess
 import sys
 import threading
 import time
+from datetime import UTC, datetime
 from pathlib import Path
 
 import httpx
@@ -404,3 +405,38 @@ def test_a_path_that_is_no_http_address_is_refused_at_once(tmp_path):
     with pytest.raises(ValueError, match="no http"):
         client.post("ftp://shop/pay", {}, intent="pay")
     assert client.attempts == 1
+
+
+@pytest.mark.parametrize("form", ["seconds", "http-date"])
+def test_a_retry_after_past_the_deadline_says_when_to_retry(tmp_path, form):
+    # The server asks for no retry before 30 s; the caller has 5. Retrying sooner
+    # goes against what the server said, and sleeping out the 5 s changes nothing:
+    # the call ends at once, saying when the same intent may be retried.
+    value = "30"
+    if form == "http-date":
+        value = email.utils.formatdate(time.time() + 30, usegmt=True)
+    http = always(
+        httpx.Response(503, headers={"Retry-After": value}), httpx.Response(404)
+    )
+    client = IdempotentClient(
+        "http://shop", "t", store=tmp_path / "i.db", http=http, deadline=5
+    )
+    started = time.monotonic()
+    with pytest.raises(OutcomeUnknown) as unknown:
+        client.post("/pay", {}, intent="pay")
+    assert time.monotonic() - started < 1
+    assert client.attempts == 1
+    retry_at = unknown.value.retry_at
+    assert retry_at is not None and retry_at.tzinfo is not None
+    assert 28 <= (retry_at - datetime.now(UTC)).total_seconds() <= 30.5
+    assert f"{retry_at:%Y-%m-%dT%H:%M:%SZ}" in str(unknown.value)
+
+
+def test_a_deadline_spent_on_backoff_names_no_retry_time(tmp_path):
+    http = always(httpx.Response(503), httpx.Response(404))
+    client = IdempotentClient(
+        "http://shop", "t", store=tmp_path / "i.db", http=http, deadline=0.3
+    )
+    with pytest.raises(OutcomeUnknown) as unknown:
+        client.post("/pay", {}, intent="pay")
+    assert unknown.value.retry_at is None
