@@ -13,14 +13,18 @@ It retries what may succeed on a retry — timeouts, connection errors, 5xx, 429
 proxy's 408 (the request never reached the app whole) and 409
 `idempotency_key_in_flight` — with exponential backoff and full jitter until a
 deadline, honouring the server's `Retry-After` (seconds or an HTTP date) on 409, 429
-and 503. It stops on any other answer: 2xx, and 4xx the server decided; the `Result`
-says whether it was a replay of an earlier attempt's answer (`replayed`). A 422
-`idempotency_key_reused` means the caller sent a different request under an old
-intent: a bug, raised as `KeyReused`. When the deadline passes with the outcome still
-unknown, it asks the key-status endpoint and raises `OutcomeUnknown` with what the
-server knows. A `Retry-After` that falls past the deadline ends the call at once
-(no retry may come sooner, and sleeping out the time left changes nothing): its
-`OutcomeUnknown` says in `retry_at` when the server takes the intent again.
+and 503. Every attempt carries `Prefer: wait=N` (up to 10 s, within the time left and
+the read timeout), so a retry that finds the key's first request still running waits
+for it on the server and gets its answer as soon as it is stored, instead of a 409 to
+poll on; a server that does not wait answers the 409 all the same. It stops on any
+other answer: 2xx, and 4xx the server decided; the `Result` says whether it was a
+replay of an earlier attempt's answer (`replayed`). A 422 `idempotency_key_reused`
+means the caller sent a different request under an old intent: a bug, raised as
+`KeyReused`. When the deadline passes with the outcome still unknown, it asks the
+key-status endpoint and raises `OutcomeUnknown` with what the server knows. A
+`Retry-After` that falls past the deadline ends the call at once (no retry may come
+sooner, and sleeping out the time left changes nothing): its `OutcomeUnknown` says in
+`retry_at` when the server takes the intent again.
 
 It never sends a key the server may have forgotten: the server keeps a key for its
 time to live (`key_ttl`, 24 h by default, as the server's `IDEMPOTENCY_TTL_SECONDS`)
@@ -199,6 +203,8 @@ class IntentStore:
 # 4xx answers that decided nothing: too many requests, and a request timeout (a
 # proxy that did not get the whole request in time; nothing reached the app).
 TRY_AGAIN = frozenset({408, 429})
+# The longest `Prefer: wait=N` the server honours (a larger N counts as this).
+MAX_PREFERRED_WAIT = 10
 
 
 class IdempotentClient:
@@ -254,9 +260,13 @@ class IdempotentClient:
             if time.time() - self.intents.sending(intent) > self.key_ttl:
                 raise KeyExpired(intent, key, self._status(key))
             wait, in_flight = None, False
+            waits = self._preferred_wait(give_up - time.monotonic())
+            prefer = {"Prefer": f"wait={waits}"} if waits else {}
             try:
                 self.attempts += 1
-                response = self.http.post(path, json=body, headers=headers)
+                response = self.http.post(
+                    path, json=body, headers={**headers, **prefer}
+                )
             except httpx.UnsupportedProtocol as wrong:  # a path of "ftp://...": a bug
                 raise ValueError(f"{path!r} is no http(s) address: {wrong}") from None
             except httpx.TransportError:  # timeouts and broken connections
@@ -292,6 +302,15 @@ class IdempotentClient:
                     retry_at = datetime.now(UTC) + timedelta(seconds=wait)
                 raise OutcomeUnknown(intent, key, status, retry_at)
             time.sleep(wait)
+
+    def _preferred_wait(self, left: float) -> int:
+        """The seconds to ask the server to wait for the key's request in flight
+        (`Prefer: wait=N`), 0 for none: at most the server's 10, within the time
+        left, and a second short of this client's read timeout, so that the answer
+        after the wait arrives before the client gives up reading it."""
+        read = self.http.timeout.read
+        bound = left if read is None else min(left, read - 1)
+        return max(0, min(MAX_PREFERRED_WAIT, int(bound)))
 
     def _status(self, key: str) -> dict[str, Any] | None:
         # Dots escaped too: a key "." or ".." would be a dot segment, resolved away.

@@ -440,3 +440,82 @@ def test_a_deadline_spent_on_backoff_names_no_retry_time(tmp_path):
     with pytest.raises(OutcomeUnknown) as unknown:
         client.post("/pay", {}, intent="pay")
     assert unknown.value.retry_at is None
+
+
+def recording(*answers: httpx.Response, timeout: float = 5.0) -> httpx.Client:
+    """`scripted`, keeping each request sent (`http.requests`)."""
+    pending = list(answers)
+    requests: list[httpx.Request] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        requests.append(request)
+        return pending.pop(0)
+
+    http = httpx.Client(
+        base_url="http://shop", transport=httpx.MockTransport(handler), timeout=timeout
+    )
+    http.requests = requests  # type: ignore[attr-defined]
+    return http
+
+
+@pytest.mark.parametrize(
+    ("deadline", "timeout", "prefer"),
+    [
+        (60, 30, "wait=10"),  # the most the server waits
+        (60, 10, "wait=9"),  # the answer must come before the read timeout
+        (3.5, 30, "wait=3"),  # within the time left
+        (60, 0.5, None),  # no whole second to wait
+        (0.9, 30, None),
+    ],
+)
+def test_each_attempt_asks_the_server_to_wait_within_its_time(
+    tmp_path, deadline, timeout, prefer
+):
+    http = recording(httpx.Response(201), timeout=timeout)
+    client = IdempotentClient(
+        "http://shop", "t", store=tmp_path / "i.db", http=http, deadline=deadline
+    )
+    client.post("/pay", {}, intent="pay")
+    (sent,) = http.requests  # type: ignore[attr-defined]
+    assert sent.headers.get("Prefer") == prefer
+
+
+def test_a_409_from_a_server_that_does_not_wait_is_polled(tmp_path):
+    # A server without `Prefer: wait` answers the in-flight key at once: the client
+    # retries after its Retry-After, as before.
+    in_flight = httpx.Response(
+        409, json={"code": "idempotency_key_in_flight"}, headers={"Retry-After": "1"}
+    )
+    stored = httpx.Response(201, json={}, headers={"Idempotent-Replayed": "true"})
+    http = recording(in_flight, stored)
+    client = IdempotentClient(
+        "http://shop", "t", store=tmp_path / "i.db", http=http, deadline=20
+    )
+    started = time.monotonic()
+    result = client.post("/pay", {}, intent="pay")
+    assert (result.status_code, result.replayed) == (201, True)
+    assert time.monotonic() - started >= 1
+    assert [r.headers["Prefer"] for r in http.requests] == ["wait=4"] * 2  # type: ignore[attr-defined]
+
+
+def test_a_retry_of_a_request_in_flight_waits_for_it_on_the_server(
+    server, alice, tmp_path
+):
+    # The retry finds the first attempt still running: it waits for it on the
+    # server (Prefer: wait) and gets its answer in one request, where it used to
+    # take a 409 and poll.
+    slow = {"amount": 5, "sleep": 3}
+    first = threading.Thread(
+        target=client_for(server, alice, tmp_path).post,
+        args=("/test/deposits", slow),
+        kwargs={"intent": "slow"},
+    )
+    first.start()
+    wait_for(deposit_uncommitted, what="the first attempt's open transaction")
+    retry = client_for(server, alice, tmp_path)
+    answer = retry.post("/test/deposits", slow, intent="slow")
+    first.join()
+    assert (answer.status_code, answer.replayed) == (201, True)
+    assert answer.headers["Preference-Applied"].startswith("wait=")
+    assert retry.attempts == 1
+    assert alice.deposits() == 1
