@@ -2,6 +2,7 @@ from typing import Any
 
 from django.conf import settings
 from django.urls import reverse
+from django.utils.translation import gettext_lazy as _
 from drf_spectacular.utils import (
     OpenApiParameter,
     PolymorphicProxySerializer,
@@ -65,18 +66,30 @@ class AccountMeApi(APIView):
 
 
 class CheckedCursor(CursorPagination):
-    """A cursor pagination that refuses a forged position (a cursor is only base64:
-    anyone can write one) as an invalid cursor (404) before it reaches the query."""
+    """A cursor pagination that refuses a cursor it did not make (one that does not
+    decode, or a forged position: a cursor is only base64, anyone can write one)
+    before it reaches the query, as bad input: `400 validation_error` naming
+    `cursor`, like any other query parameter, where DRF answers 404."""
+
+    invalid_cursor_message = _(  # type: ignore[assignment]  # (lazy: per request)
+        "Invalid cursor: use a page's next or previous link as it is."
+    )
 
     def position_ok(self, position: str) -> bool:
         return "\x00" not in position
 
     def decode_cursor(self, request: Request) -> Cursor | None:
-        cursor = super().decode_cursor(request)
-        position = cursor.position if cursor is not None else None
-        if position is not None and not self.position_ok(str(position)):
-            raise NotFound(self.invalid_cursor_message)
-        return cursor
+        try:
+            cursor = super().decode_cursor(request)
+        except NotFound:  # DRF's answer to a cursor that does not decode
+            cursor = None
+        else:
+            position = cursor.position if cursor is not None else None
+            if position is None or self.position_ok(str(position)):
+                return cursor
+        raise serializers.ValidationError(
+            {self.cursor_query_param: [self.invalid_cursor_message]}
+        )
 
     @classmethod
     def documented(cls, name: str, item: Any, *parameters: Any, **schema: Any) -> Any:

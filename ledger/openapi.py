@@ -9,8 +9,9 @@ without each view repeating it:
   `Preference-Applied`, `Retry-After` on 409/503 and the engine's
   refusals (400 missing/invalid key, 409 in flight, 422 reused, 503 unavailable);
 - the error responses an API operation can give (401, 404 on paths with parameters,
-  400/409/413/415/422 on writes), each `application/problem+json` with the `Problem`
-  component, whose `code` enumerates every stable code the app can answer with.
+  400 on paged lists for a cursor not theirs, 400/409/413/415/422 on writes), each
+  `application/problem+json` with the `Problem` component, whose `code` enumerates
+  every stable code the app can answer with.
 
 A new endpoint needs nothing more than `@idempotent` (and `@extend_schema` for its
 request and success body). `problems(InsufficientFunds, ...)` adds its domain errors
@@ -226,16 +227,15 @@ class LedgerAutoSchema(AutoSchema):
         writes = self.method in ("POST", "PUT", "PATCH", "DELETE")
         # 401 everywhere: a bad token is refused even where no token is needed,
         # and the provider's callback answers 401 to a bad signature.
-        wanted = {401, 400} if writes or idempotent else {401}
-        if "{" in self.path or self._has_parameter("cursor"):
-            wanted.add(404)  # an unknown object, or a cursor that names none
+        paged = self._has_parameter("cursor")
+        wanted = {401, 400} if writes or idempotent or paged else {401}
+        if "{" in self.path:
+            wanted.add(404)  # an unknown object
         if writes:
             # 413: a body over the limit; 415: not JSON, or in a content coding.
             wanted |= {409, 413, 415, 422}
         if idempotent:
             wanted |= {409, 422, 503}
-        if not (writes or idempotent):
-            wanted.discard(400)
         result = {}
         for status in sorted(wanted):
             codes = [
@@ -243,7 +243,10 @@ class LedgerAutoSchema(AutoSchema):
                 for code in by_status.get(status, [])
                 if idempotent or code not in IDEMPOTENCY_CODES
             ]
-            if not writes:
+            if status == 400 and not (writes or idempotent):
+                # A read's only 400: a query parameter refused (a cursor not ours).
+                codes = ["validation_error"]
+            elif not writes:
                 codes = [c for c in codes if c not in ("validation_error",)]
             if codes:
                 result[status] = codes
