@@ -182,3 +182,22 @@ def test_check_ledger_on_a_database_never_migrated_says_so(tmp_path):
     assert ran.returncode == 3, ran.stderr
     assert "migrations not applied: run `manage.py migrate` first" in ran.stderr
     assert "Traceback" not in ran.stderr
+
+
+@pytest.mark.parametrize(
+    "password", ["", " ", " " * 12, "\t \n", "short", "pass\x00word!"]
+)
+def test_create_customer_refuses_a_password_nobody_could_log_in_with(password):
+    with pytest.raises(CommandError, match="--password"):
+        call_command(
+            "create_customer", "bob", "--password", password, stdout=StringIO()
+        )
+    assert not get_user_model().objects.filter(username="bob").exists()
+    assert not Account.objects.exists()
+
+
+def test_create_customer_keeps_the_password_an_empty_one_would_replace():
+    create_customer("alice", "--password", "s3cret-pass")
+    with pytest.raises(CommandError, match="--password is empty"):
+        call_command("create_customer", "alice", "--password", "", stdout=StringIO())
+    assert get_user_model().objects.get(username="alice").check_password("s3cret-pass")

@@ -2,6 +2,8 @@ import json
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
+from django.contrib.auth.models import User
+from django.contrib.auth.password_validation import validate_password
 from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError
 from django.db import transaction
@@ -20,7 +22,11 @@ class Command(BaseCommand):
     def add_arguments(self, parser) -> None:
         parser.add_argument("name")
         parser.add_argument("--balance", type=int, default=None)
-        parser.add_argument("--password", default=None)
+        parser.add_argument(
+            "--password",
+            default=None,
+            help="the web UI password: not blank, and as AUTH_PASSWORD_VALIDATORS ask",
+        )
 
     def handle(self, *args, name: str, balance: int | None, password: str | None, **_):
         User = get_user_model()
@@ -36,6 +42,8 @@ class Command(BaseCommand):
                 ) from None
         if User.objects.filter(username=name, is_staff=True).exists():
             raise CommandError(f"{name!r} is a staff user, not a customer")
+        if password is not None:
+            self.check_password(password, User.objects.filter(username=name).first())
         if balance is not None and not 0 <= balance <= MAX_AMOUNT:
             raise CommandError(
                 f"--balance is 0 to {MAX_AMOUNT} minor units, not {balance}"
@@ -51,3 +59,24 @@ class Command(BaseCommand):
                 wallet_top_up(account_id=wallet.pk, at_least=balance)
         line = {"username": user.get_username(), "token": token, "account": wallet.pk}
         self.stdout.write(json.dumps(line))
+
+    @staticmethod
+    def check_password(password: str, user: User | None) -> None:
+        """Refuse a password nobody could log in with, or that the settings'
+        validators refuse (as Django's own createsuperuser and changepassword do):
+        the command's refusal, before anything is created."""
+        if not password.strip():
+            raise CommandError(
+                "--password is empty: give one, or leave --password out (a new "
+                "customer then has no web UI password, an existing one keeps theirs)"
+            )
+        if not storable(
+            password
+        ):  # the log-in form refuses a NUL; the hash, a surrogate
+            raise CommandError("--password holds a NUL or a lone surrogate")
+        try:
+            validate_password(password, user)
+        except ValidationError as refused:
+            raise CommandError(
+                f"--password refused: {' '.join(refused.messages)}"
+            ) from None
