@@ -4,7 +4,7 @@ for what waits on the provider or an operator (parked callbacks, refunds not
 returned, charges collected for another amount, charges not cancelled, paid
 orders not shipped)."""
 
-from django.db.models import Count, Exists, OuterRef, Q
+from django.db.models import Count, Exists, F, OuterRef, Q
 
 from ledger.invariants import invariant, warning_check
 
@@ -225,11 +225,17 @@ def charges_of_another_amount() -> list[str]:
     kept as its payment, booked and refunded at once (`payment_settle`), named until
     the provider has given the money back to the payer. A provider charging what
     it was not asked is for an operator to take up with it."""
-    from .models import Refund
+    from .models import Payment, Refund
     from .services import AMOUNT_MISMATCH
 
+    # The reason alone is no proof: the refund API takes the customer's own text.
+    # A charge of another amount is a provider payment whose amount (what was
+    # collected) is not its order's.
     rows = (
-        Refund.objects.filter(reason=AMOUNT_MISMATCH)
+        Refund.objects.filter(
+            reason=AMOUNT_MISMATCH, payment__method=Payment.Method.PROVIDER
+        )
+        .exclude(payment__amount=F("payment__order__amount"))
         .exclude(at_provider=Refund.AtProvider.RETURNED)
         .order_by("pk")
         .values_list(

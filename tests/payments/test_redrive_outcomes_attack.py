@@ -1,0 +1,130 @@
+"""Attacks on the re-drive's new outcomes (`payment_apply_charge`): a charge of
+another amount, a charge refunded at the provider, and what shows them (check_ledger,
+the callback endpoint, the shop's order page)."""
+
+import re
+
+import pytest
+
+from ledger.invariants import ledger_report
+from orders.models import Order
+from payments.models import Payment, ProviderEvent, Refund
+from payments.services import (
+    payment_apply_charge,
+    payment_pay_with_balance,
+    payment_provider_start,
+    provider_event_process,
+)
+from tests.helpers import (
+    customer,
+    event_body,
+    new_key,
+    pending_provider_payment,
+    place_order,
+    post_callback,
+)
+from tests.payments.test_redrive_outcomes import (
+    ASKED,
+    COLLECTED,
+    answer,
+    assert_given_back_not_kept,
+)
+
+pytestmark = pytest.mark.django_db
+
+
+def test_a_customers_refund_reason_is_not_a_charge_of_another_amount():
+    """The refund API takes the customer's own `reason` (free text): a wallet
+    refund the customer calls "amount_mismatch" is no charge the provider
+    collected for another amount, and must not be named as one by check_ledger
+    (for ever: a wallet refund is never `returned` at a provider)."""
+    user, api, _ = customer("mallory", balance=5000)
+    order = place_order(user, amount=ASKED)
+    paid = payment_pay_with_balance(order_id=order.pk)
+    response = api.post(
+        f"/api/v1/payments/{paid.pk}/refund",
+        {"reason": "amount_mismatch"},
+        format="json",
+        headers={"Idempotency-Key": new_key()},
+    )
+    assert response.status_code == 201, response.content
+    report = ledger_report()
+    assert report["ok"], report["violations"]
+    assert report["warnings"] == [], report["warnings"]
+
+
+def test_a_customers_provider_refund_reason_is_not_a_charge_of_another_amount():
+    """The same for a provider payment the customer refunds with that reason: what
+    the provider collected is what was asked."""
+    user, api, _ = customer("mallet")
+    order = place_order(user, amount=ASKED)
+    payment = pending_provider_payment(order)
+    payment_apply_charge(payment_id=payment.pk, charge=answer(payment, "SUCCESS"))
+    response = api.post(
+        f"/api/v1/payments/{payment.pk}/refund",
+        {"reason": "amount_mismatch"},
+        format="json",
+        headers={"Idempotency-Key": new_key()},
+    )
+    assert response.status_code == 201, response.content
+    assert not any("collected" in w for w in ledger_report()["warnings"])
+
+
+def test_the_late_callback_of_another_amount_after_a_second_pay_attempt():
+    """README: once the re-drive has given a charge of another amount back, the
+    provider's callback for it "is then acknowledged and changes nothing". A second
+    provider pay attempt on the (still payable) order opens a second payment for
+    the amount asked; the provider's callback still names the first charge, its
+    transaction and the amount collected: it must be acknowledged (the provider
+    otherwise redelivers it for ever), and change nothing."""
+    user, _, _ = customer("olga")
+    order = place_order(user, amount=ASKED)
+    first = pending_provider_payment(order)
+    payment_apply_charge(
+        payment_id=first.pk, charge=answer(first, "SUCCESS", COLLECTED)
+    )
+    second = payment_provider_start(order_id=order.pk)
+    assert second.pk != first.pk and second.status == Payment.Status.PENDING
+    first.refresh_from_db()
+    late = event_body(first, amount=COLLECTED)
+    response = post_callback(late)
+    assert response.status_code == 200, response.content
+    provider_event_process(event_id=ProviderEvent.objects.get().pk)
+    assert_given_back_not_kept_with_a_second(first, second)
+
+
+def assert_given_back_not_kept_with_a_second(first: Payment, second: Payment) -> None:
+    second.refresh_from_db()
+    assert second.status == Payment.Status.PENDING
+    Payment.objects.filter(pk=second.pk).delete()  # only to reuse the assertion
+    assert_given_back_not_kept(first)
+
+
+def settled_note(live) -> tuple[str, str]:
+    match = re.search(
+        r'<p class="message message-(\w+)" id="settled-note"[^>]*>(.*?)</p>',
+        live.content.decode(),
+        re.S,
+    )
+    assert match, live.content.decode()[:3000]
+    return match[1], " ".join(match[2].split())
+
+
+def test_the_order_page_of_a_charge_of_another_amount(client):
+    """The order still takes money (the Pay buttons are offered); the note must not
+    say that the order no longer took the payment: it was given back because the
+    provider collected another amount than asked."""
+    user, _, _ = customer("pia")
+    client.force_login(user)
+    order = place_order(user, amount=ASKED)
+    payment = pending_provider_payment(order)
+    payment_apply_charge(
+        payment_id=payment.pk, charge=answer(payment, "SUCCESS", COLLECTED)
+    )
+    assert Order.objects.get(pk=order.pk).status == Order.Status.PENDING_PAYMENT
+    live = client.get(f"/orders/{order.merchant_order_no}/live")
+    body = live.content.decode()
+    assert 'id="pay"' in body or 'id="pay-provider"' in body
+    level, text = settled_note(live)
+    assert "no longer took it" not in text, text
+    assert Refund.objects.get(payment=payment).reason == "amount_mismatch"
