@@ -945,6 +945,29 @@ def _callback_payment(payload: dict) -> Payment:
     )
     if payment is None:
         raise CallbackMismatch("No provider payment of ours for that order.")
+    if payment.amount != payload["amount"] or (
+        payment.provider_txn_id
+        and payment.provider_txn_id != payload["provider_txn_id"]
+    ):
+        # A charge of another amount booked and given back by the re-drive
+        # (`payment_settle`) on an earlier payment of the order, which another pay
+        # attempt followed: its callback is that payment's, acknowledged and then
+        # changing nothing, never refused for the later payment's amount.
+        booked = (
+            Payment.objects.select_related("order")
+            .filter(
+                method=Payment.Method.PROVIDER,
+                order_id=payment.order_id,
+                provider_txn_id=payload["provider_txn_id"],
+                amount=payload["amount"],
+                journal_entry__isnull=False,
+            )
+            .exclude(provider_txn_id="")
+            .order_by("-id")
+            .first()
+        )
+        if booked is not None:
+            return booked
     if payment.amount != payload["amount"]:
         raise CallbackMismatch(
             f"The callback's amount {payload['amount']} is not the payment's "
