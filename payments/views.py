@@ -38,6 +38,7 @@ from .exceptions import AlreadyRefunded, ProviderRefused, ProviderUnavailable
 from .models import Payment
 from .selectors import order_page_url, payment_get, payment_history, payment_list
 from .services import (
+    AMOUNT_MISMATCH,
     payment_pay_with_balance,
     payment_pay_with_provider,
     payment_refund,
@@ -75,6 +76,11 @@ def _outcome(order: Order, latest: Payment | None) -> str:
     if order.is_paid:
         return "paid"
     if latest.status == Payment.Status.REFUNDED:
+        refund = getattr(latest, "refund_record", None)
+        if refund is not None and refund.reason == AMOUNT_MISMATCH:
+            # The provider collected another amount than the order's: given back
+            # at once, the order left as it was (`payment_settle`).
+            return "another_amount"
         # Its success came when the order no longer took money (cancelled as the
         # payer confirmed): `payment_settle` refunded it at once.
         return "late_refunded"
