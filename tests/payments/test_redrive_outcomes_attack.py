@@ -150,3 +150,32 @@ def test_the_order_page_offers_no_provider_pay_after_a_charge_of_another_amount(
     body = client.get(f"/orders/{order.merchant_order_no}/live").content.decode()
     assert 'id="pay"' in body  # the wallet still pays it
     assert 'id="pay-provider"' not in body
+
+
+def test_a_shipped_orders_charge_refunded_at_the_provider():
+    """Paid, shipped, then refunded at the provider (a chargeback): the re-drive
+    of its payment (a task delivered after the callback settled it) refunds it
+    once; the customer's refund afterwards is `already_refunded`."""
+    from orders.services import order_ship
+
+    user, api, _ = customer("uma")
+    order = place_order(user, amount=ASKED)
+    payment = pending_provider_payment(order)
+    payment_apply_charge(payment_id=payment.pk, charge=answer(payment, "SUCCESS"))
+    order_ship(order_id=order.pk)
+    for _ in range(2):
+        payment_apply_charge(payment_id=payment.pk, charge=answer(payment, "REFUNDED"))
+    payment.refresh_from_db()
+    assert payment.status == Payment.Status.REFUNDED
+    assert Order.objects.get(pk=order.pk).status == Order.Status.REFUNDED
+    assert Refund.objects.get(payment=payment).reason == "refunded_at_provider"
+    response = api.post(
+        f"/api/v1/payments/{payment.pk}/refund",
+        {},
+        format="json",
+        headers={"Idempotency-Key": new_key()},
+    )
+    assert response.status_code == 409, response.content
+    assert Refund.objects.count() == 1
+    report = ledger_report()
+    assert report["ok"], report["violations"]
