@@ -1,4 +1,4 @@
-"""Celery on RabbitMQ, set up for work that moves money.
+"""Celery on RabbitMQ (or Redis), set up for work that moves money.
 
 - **Quorum queues.** The task queue is replicated by Raft across the broker's nodes, so
   a task the web process handed over survives the loss of a node. Celery sees the
@@ -16,6 +16,15 @@
   once, to `celery.dead` instead, where `manage.py dead_letters` shows it and, once
   the cause is fixed, sends it back. Every task is idempotent, so a message delivered
   again or sent back from the dead-letter queue changes nothing twice.
+
+On Redis, every wait on the broker's socket (connecting, each command's answer) is
+bounded by `REDIS_SOCKET_TIMEOUT_SECONDS`. kombu waits without a timeout by default,
+so a broker that accepts connections and never answers (a frozen redis-server, a
+partition that drops packets without a reset) held beat, and any publish of the
+worker's, until the kernel gave up on the connection: hours without a periodic task
+sent and without a line in the log. Now a send fails in about 25 s (Celery's publish
+retry policy tries four times), beat logs it, goes on with its schedule and sends
+again once the broker answers (`tests/ops/test_frozen_broker.py`).
 """
 
 from typing import Any
@@ -97,3 +106,20 @@ def dead_letters(connection: Connection, *, requeue: bool = False) -> list[dict]
     for message in held:
         message.reject(requeue=True)
     return found
+
+
+# redis-py's own default, which kombu replaces with none. kombu reads a BRPOP's
+# answer only once the socket is readable, so the worker's idle polls are not cut
+# short by it; it stays above their 1 s (`brpop_timeout`) all the same, with room for
+# a busy broker's slow answer.
+REDIS_SOCKET_TIMEOUT_SECONDS = 5.0
+
+
+def redis_transport_options(*, visibility_timeout: int) -> dict[str, Any]:
+    """The Redis transport's options: `visibility_timeout`, and a bound on every
+    wait on the broker's socket (connect, then each command's answer)."""
+    return {
+        "visibility_timeout": visibility_timeout,
+        "socket_connect_timeout": REDIS_SOCKET_TIMEOUT_SECONDS,
+        "socket_timeout": REDIS_SOCKET_TIMEOUT_SECONDS,
+    }

@@ -12,7 +12,8 @@ held went silent (no socket timeout at all, until the kernel gives up).
   broker's confirm) is bounded by `CELERY_PUBLISH_TIMEOUT_SECONDS` (0.25 s), nothing
   sleeps, and only a quick failure (a connection the broker closed meanwhile) is
   retried, once, at once. The producers have a connection pool of their own, so the
-  worker and beat keep Celery's defaults.
+  worker and beat keep Celery's retry policy (their socket waits on a Redis broker
+  are bounded too, by `ledger.broker.redis_transport_options`, 5 s each).
 - **A short break after a failure.** For `CELERY_PUBLISH_BREAK_SECONDS` (5 s) after a
   publish failed, this process sends nothing and waits on nothing: the tasks of the
   requests meanwhile are left to beat's re-drive at once. Logged, and counted in

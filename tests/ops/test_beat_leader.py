@@ -74,7 +74,7 @@ def test_every_periodic_task_is_safe_when_two_run_at_once(on_postgres):
     assert ledger_report()["ok"]
 
 
-def start_beat(tmp_path: Path, name: str) -> subprocess.Popen:
+def start_beat(tmp_path: Path, name: str, **extra: str) -> subprocess.Popen:
     log = (tmp_path / f"{name}.log").open("w")
     return subprocess.Popen(
         [
@@ -87,7 +87,7 @@ def start_beat(tmp_path: Path, name: str) -> subprocess.Popen:
         ],
         cwd=ROOT,
         env=process_env(
-            DJANGO_SETTINGS_MODULE="tests.ops.beat_settings", HOSTNAME=name
+            DJANGO_SETTINGS_MODULE="tests.ops.beat_settings", HOSTNAME=name, **extra
         ),
         stdout=log,
         stderr=subprocess.STDOUT,

@@ -1,0 +1,113 @@
+"""A Redis broker that accepts connections but never answers (a frozen redis-server,
+a partition that drops packets without a reset): real beat and worker processes on a
+redis-server of the test's own, stopped with SIGSTOP and resumed with SIGCONT.
+
+Beat must log the failure and send its schedule again once the broker answers, not
+wait on the socket until the kernel gives up; the worker, whose socket waits are
+bounded the same way, must still consume between its BRPOP polls and recover.
+"""
+
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+import redis
+
+from ledger.broker import REDIS_SOCKET_TIMEOUT_SECONDS
+from ledger.celery import app
+from tests.helpers import wait_for
+from tests.ops.test_beat_leader import start_beat, wait_for_log
+from tests.servers import redis_server, stop
+from tests.workers import celery_worker, point_producer_at
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+
+PING_TASK = "idempotency.tasks.purge_expired_keys"  # cheap, and safe any time
+
+
+@contextmanager
+def frozen(process: subprocess.Popen) -> Iterator[None]:
+    """The broker stopped (its socket still accepts), then resumed whatever happens."""
+    os.kill(process.pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        os.kill(process.pid, signal.SIGCONT)
+
+
+def queued(url: str) -> int:
+    return redis.Redis.from_url(url, socket_timeout=5).llen("celery")
+
+
+def test_beat_logs_a_frozen_broker_and_sends_again_once_it_answers(
+    tmp_path, on_postgres
+):
+    with redis_server() as (url, server):
+        beat = start_beat(tmp_path, "beat", CELERY_BROKER_URL=url)
+        try:
+            wait_for_log(tmp_path, "beat", "beat: leading")
+            wait_for(lambda: queued(url) > 0, 30, "a task sent")
+            log = tmp_path / "beat.log"
+            with frozen(server):
+                before = log.read_text()
+                frozen_at = time.monotonic()
+                # Without a socket timeout beat waits on the frozen broker silently.
+                wait_for(
+                    lambda: (
+                        "Timeout reading from socket" in log.read_text()[len(before) :]
+                    ),
+                    10 * REDIS_SOCKET_TIMEOUT_SECONDS,
+                    "beat logging the frozen broker",
+                )
+                assert time.monotonic() - frozen_at < 10 * REDIS_SOCKET_TIMEOUT_SECONDS
+            redis.Redis.from_url(url, socket_timeout=5).delete("celery")
+            wait_for(lambda: queued(url) > 0, 60, "a task sent after the resume")
+            assert beat.poll() is None, log.read_text()
+        finally:
+            stop(beat)
+
+
+def test_the_worker_consumes_between_its_polls_and_after_a_freeze(
+    tmp_path, on_postgres
+):
+    """The worker runs on the same bounded options: it still takes tasks between its
+    idle BRPOP polls (1 s each) with no socket timeout in its log, and takes them
+    again once a freeze longer than two socket timeouts ends."""
+    with (
+        redis_server() as (url, server),
+        celery_worker(tmp_path, CELERY_BROKER_URL=url) as worker,
+    ):
+        log: Path = worker.log_path  # type: ignore[attr-defined]
+        before = app.conf.broker_url
+        point_producer_at(url)
+        try:
+
+            def run_one(seconds: float) -> None:
+                done = log.read_text().count(" succeeded in ")
+                app.send_task(PING_TASK)
+                wait_for(
+                    lambda: log.read_text().count(" succeeded in ") > done,
+                    seconds,
+                    "the task run",
+                )
+
+            # Idle for two polls or so between tasks, a dozen polls in all.
+            started = time.monotonic()
+            while time.monotonic() - started < 12:
+                run_one(10)
+                time.sleep(2.5)
+            calm = log.read_text()
+            assert "Timeout reading from socket" not in calm, calm
+            assert "Connection to broker lost" not in calm, calm
+
+            with frozen(server):
+                time.sleep(2 * REDIS_SOCKET_TIMEOUT_SECONDS + 2)
+            run_one(60)
+            assert worker.poll() is None, log.read_text()
+        finally:
+            point_producer_at(before)
