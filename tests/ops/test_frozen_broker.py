@@ -4,7 +4,8 @@ redis-server of the test's own, stopped with SIGSTOP and resumed with SIGCONT.
 
 Beat must log the failure and send its schedule again once the broker answers, not
 wait on the socket until the kernel gives up; the worker, whose socket waits are
-bounded the same way, must still consume between its BRPOP polls and recover.
+bounded the same way, must still consume between its BRPOP polls and recover; and
+`make run` must refuse such a broker at start-up instead of hanging.
 """
 
 import os
@@ -17,11 +18,14 @@ from pathlib import Path
 
 import pytest
 import redis
+from django.core.management.base import CommandError
 
-from ledger.broker import REDIS_SOCKET_TIMEOUT_SECONDS
+from ledger.broker import REDIS_SOCKET_TIMEOUT_SECONDS, redis_transport_options
 from ledger.celery import app
+from ledger.management.commands.serve import check_broker
 from tests.helpers import wait_for
 from tests.ops.test_beat_leader import start_beat, wait_for_log
+from tests.payments.test_broker_outage import silent_broker
 from tests.servers import redis_server, stop
 from tests.workers import celery_worker, point_producer_at
 
@@ -111,3 +115,16 @@ def test_the_worker_consumes_between_its_polls_and_after_a_freeze(
             assert worker.poll() is None, log.read_text()
         finally:
             point_producer_at(before)
+
+
+def test_make_run_refuses_a_broker_that_accepts_and_never_answers(settings):
+    """`serve` checks the broker with the settings' transport options (these are the
+    Redis ones, whatever broker the test process was configured with)."""
+    settings.CELERY_BROKER_TRANSPORT_OPTIONS = redis_transport_options(
+        visibility_timeout=3600
+    )
+    with silent_broker() as port:
+        started = time.monotonic()
+        with pytest.raises(CommandError, match="does not answer"):
+            check_broker(f"redis://127.0.0.1:{port}/0")
+    assert time.monotonic() - started < 4 * REDIS_SOCKET_TIMEOUT_SECONDS

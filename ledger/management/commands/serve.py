@@ -121,7 +121,13 @@ def check_broker(url: str) -> None:
             check_folder(Path(folder), "LEDGER_DATA_DIR")
         return
     try:
-        with Connection(url, connect_timeout=5) as connection:
+        # The settings' transport options bound a Redis broker's socket waits: one
+        # that accepts the connection and never answers is refused, not waited on.
+        with Connection(
+            url,
+            connect_timeout=5,
+            transport_options=settings.CELERY_BROKER_TRANSPORT_OPTIONS,
+        ) as connection:
             connection.ensure_connection(max_retries=1, timeout=5)
     except Exception as exc:  # any failure to connect is the same answer here
         raise CommandError(
