@@ -63,7 +63,7 @@ def test_a_publish_asks_for_no_result_where_a_result_backend_is_set():
         # And the worker is told not to store one either.
         queued = [
             json.loads(message)
-            for key in broker.keys()
+            for key in broker.scan_iter()
             if broker.type(key) == b"list"
             for message in broker.lrange(key, 0, -1)
         ]
