@@ -62,6 +62,17 @@ class ProviderRefused(DomainError):
     default_detail = "The payment provider refused this charge."
 
 
+class ProviderChargeUsed(DomainError):
+    status = 409
+    code = "provider_charge_used"
+    title = "The provider's charge for this order was used"
+    default_detail = (
+        "The payment provider already collected a charge for this order, which was "
+        "given back; it opens no other for the same order number. Pay it from the "
+        "wallet."
+    )
+
+
 class PaymentNotCapturable(DomainError):
     status = 409
     code = "payment_not_capturable"

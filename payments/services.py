@@ -55,6 +55,7 @@ from .exceptions import (
     PaymentNotCapturable,
     PaymentNotRefundable,
     PaymentNotVoidable,
+    ProviderChargeUsed,
     ProviderRefused,
 )
 from .models import Payment, ProviderEvent, Refund, Shipment
@@ -437,19 +438,35 @@ def payment_provider_start(*, order_id: int) -> Payment:
 
     Under the order's row lock: refuse a paid or cancelled order; one pending
     provider payment per order (a second pay request, under another key, continues
-    the first one instead of opening a second charge).
+    the first one instead of opening a second charge). An order whose charge the
+    provider collected and we gave back (`provider_charge_used`) is refused before
+    the provider is asked (`ProviderChargeUsed`).
     """
     with transaction.atomic(savepoint=False):
         order = order_lock_for_payment(order_id=order_id)
         pending = _pending_provider_payments(order.pk).first()
         if pending is not None:
             return pending
+        if provider_charge_used(order_id=order.pk):
+            raise ProviderChargeUsed()
         return Payment.objects.create(
             order=order,
             method=Payment.Method.PROVIDER,
             amount=order.amount,
             currency=order.currency,
         )
+
+
+def provider_charge_used(*, order_id: int) -> bool:
+    """Whether a provider payment of the order booked money: the provider keys its
+    one charge by merchant order number, so while the order still takes money (a
+    charge of another amount, given back by `payment_settle`) it has no charge left
+    to open for it."""
+    return Payment.objects.filter(
+        order_id=order_id,
+        method=Payment.Method.PROVIDER,
+        journal_entry__isnull=False,
+    ).exists()
 
 
 def payment_record_charge(

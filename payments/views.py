@@ -34,7 +34,12 @@ from orders.views import (
     to_order,
 )
 
-from .exceptions import AlreadyRefunded, ProviderRefused, ProviderUnavailable
+from .exceptions import (
+    AlreadyRefunded,
+    ProviderChargeUsed,
+    ProviderRefused,
+    ProviderUnavailable,
+)
 from .models import Payment
 from .selectors import order_page_url, payment_get, payment_history, payment_list
 from .services import (
@@ -119,6 +124,12 @@ def _order_context(order: Order) -> dict:
         "payments": payments,
         "payable": payable,
         "open_provider": open_provider if payable else None,
+        # The provider's one charge for the order was collected and given back
+        # (as `provider_charge_used` reads it, from the payments at hand).
+        "provider_used": payable
+        and any(
+            p.method == Payment.Method.PROVIDER and p.journal_entry_id for p in payments
+        ),
         # Follow the page while a payment may still settle by itself: one with a
         # pay page. A pending payment the provider never answered for has none, so
         # nothing can settle it; the shopper presses the button again.
@@ -181,6 +192,14 @@ def order_pay(request: HttpRequest, merchant_order_no: str) -> HttpResponse:
             payment_pay_with_balance(order_id=order.pk)
     except (ProviderUnavailable, ProviderRefused):
         messages.error(request, _("The payment provider is not answering; try again."))
+    except ProviderChargeUsed:
+        messages.error(
+            request,
+            _(
+                "The payment provider has already taken and given back a payment "
+                "for this order, and takes no other; pay it with your balance."
+            ),
+        )
     except OrderAlreadyPaid:
         messages.info(request, _("You have already paid this order."))
     except OrderAuthorized:

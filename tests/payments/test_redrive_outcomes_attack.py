@@ -5,9 +5,11 @@ the callback endpoint, the shop's order page)."""
 import re
 
 import pytest
+from django.db import transaction
 
 from ledger.invariants import ledger_report
 from orders.models import Order
+from payments.exceptions import ProviderChargeUsed
 from payments.models import Payment, ProviderEvent, Refund
 from payments.services import (
     payment_apply_charge,
@@ -73,8 +75,8 @@ def test_a_customers_provider_refund_reason_is_not_a_charge_of_another_amount():
 def test_the_late_callback_of_another_amount_after_a_second_pay_attempt():
     """README: once the re-drive has given a charge of another amount back, the
     provider's callback for it "is then acknowledged and changes nothing". A second
-    provider pay attempt on the (still payable) order opens a second payment for
-    the amount asked; the provider's callback still names the first charge, its
+    provider payment on the (still payable) order, opened by an earlier release
+    for the amount asked: the provider's callback still names the first charge, its
     transaction and the amount collected: it must be acknowledged (the provider
     otherwise redelivers it for ever), and change nothing."""
     user, _, _ = customer("olga")
@@ -83,8 +85,12 @@ def test_the_late_callback_of_another_amount_after_a_second_pay_attempt():
     payment_apply_charge(
         payment_id=first.pk, charge=answer(first, "SUCCESS", COLLECTED)
     )
-    second = payment_provider_start(order_id=order.pk)
-    assert second.pk != first.pk and second.status == Payment.Status.PENDING
+    with pytest.raises(ProviderChargeUsed), transaction.atomic():
+        payment_provider_start(order_id=order.pk)  # no second attempt now
+    # One opened before that was refused (a release that still opened them).
+    second = Payment.objects.create(
+        order=order, method=Payment.Method.PROVIDER, amount=ASKED, currency="CNY"
+    )
     first.refresh_from_db()
     late = event_body(first, amount=COLLECTED)
     response = post_callback(late)
@@ -130,17 +136,12 @@ def test_the_order_page_of_a_charge_of_another_amount(client):
     assert Refund.objects.get(payment=payment).reason == "amount_mismatch"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="after a charge of another amount the provider holds the order number's "
-    "one charge (paid, given back): a second provider payment can never be opened "
-    "(the provider refuses it, 502 provider_refused; the page says the provider is "
-    "not answering), yet the order page still offers the provider's Pay button",
-)
-def test_the_order_page_offers_no_provider_pay_after_a_charge_of_another_amount(
-    client,
-):
-    user, _, _ = customer("quin")
+def test_after_a_charge_of_another_amount_the_provider_is_not_offered_again(client):
+    """The provider keys its one charge by merchant order number, and it collected
+    that one (for another amount, given back): the order page offers the wallet
+    only, and a provider pay request is refused before the provider is asked, with
+    a code that says so, stored under its key; the wallet still pays the order."""
+    user, api, _ = customer("quin", balance=5000)
     client.force_login(user)
     order = place_order(user, amount=ASKED)
     payment = pending_provider_payment(order)
@@ -150,6 +151,34 @@ def test_the_order_page_offers_no_provider_pay_after_a_charge_of_another_amount(
     body = client.get(f"/orders/{order.merchant_order_no}/live").content.decode()
     assert 'id="pay"' in body  # the wallet still pays it
     assert 'id="pay-provider"' not in body
+    payments = Payment.objects.count()
+    key = new_key()
+    for _ in range(2):  # and its retry, replayed
+        response = api.post(
+            f"/api/v1/orders/{order.merchant_order_no}/pay",
+            {"method": "provider"},
+            format="json",
+            headers={"Idempotency-Key": key},
+        )
+        assert response.status_code == 409, response.content
+        assert response.json()["code"] == "provider_charge_used"
+    assert Payment.objects.count() == payments  # nothing opened
+    # The shop's form (a page opened before, or a crafted post) says so too.
+    page = client.post(
+        f"/orders/{order.merchant_order_no}/pay", {"method": "provider"}, follow=True
+    )
+    assert "takes no other" in page.content.decode()
+    assert Payment.objects.count() == payments
+    paid = api.post(
+        f"/api/v1/orders/{order.merchant_order_no}/pay",
+        {"method": "balance"},
+        format="json",
+        headers={"Idempotency-Key": new_key()},
+    )
+    assert paid.status_code == 201, paid.content
+    assert Order.objects.get(pk=order.pk).status == Order.Status.PAID
+    report = ledger_report()
+    assert report["ok"], report["violations"]
 
 
 def test_a_shipped_orders_charge_refunded_at_the_provider():

@@ -129,23 +129,18 @@ def test_a_charge_of_another_amount_redriven_while_a_hold_is_captured(provider):
 
 def test_a_second_provider_attempt_after_a_charge_of_another_amount(provider):
     """The order is left payable after its charge of another amount was given back:
-    a second provider pay attempt, then the re-drive of what it opened, then the
-    wallet: the money of the charge is never booked twice, the order is paid once,
-    and nothing is left pending for ever."""
+    a second provider pay attempt is refused before the provider is asked (it has
+    the order number's one charge, paid and given back), then the wallet pays: the
+    money of the charge is never booked twice, the order is paid once, and nothing
+    is left pending."""
     user, api, wallet = customer("sol", balance=5000)
     order = place_order(user, amount=ASKED)
     payment = stuck_with_another_amount(api, order)
     assert payment_redrive(payment_id=payment.pk).status == Payment.Status.REFUNDED
     again = pay(api, order, "provider")
-    # The provider has the order number's charge (paid, given back): it refuses a
-    # second one for it, which the API passes on as 502 provider_refused (not
-    # stored: the key is free again). See the xfail test below for the page.
-    assert again.status_code in (201, 502), again.content
-    second = Payment.objects.filter(order=order).exclude(pk=payment.pk)
-    if second.exists():
-        age(Payment, second.get().pk, 3600)
-        for pk in payments_stuck(older_than_seconds=60):
-            payment_redrive(payment_id=pk)
+    assert again.status_code == 409, again.content
+    assert again.json()["code"] == "provider_charge_used"
+    assert not Payment.objects.filter(order=order).exclude(pk=payment.pk).exists()
     assert not Payment.objects.filter(order=order, status="pending").exists()
     assert pay(api, order, "balance").status_code == 201
     for refund in Refund.objects.all():
