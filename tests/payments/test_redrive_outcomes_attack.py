@@ -2,8 +2,6 @@
 another amount, a charge refunded at the provider, and what shows them (check_ledger,
 the callback endpoint, the shop's order page)."""
 
-import re
-
 import pytest
 from django.db import transaction
 
@@ -31,6 +29,7 @@ from tests.payments.test_redrive_outcomes import (
     answer,
     assert_given_back_not_kept,
 )
+from tests.payments.test_shop_pages import settled_note
 
 pytestmark = pytest.mark.django_db
 
@@ -104,16 +103,6 @@ def assert_given_back_not_kept_with_a_second(first: Payment, second: Payment) ->
     assert second.status == Payment.Status.PENDING
     Payment.objects.filter(pk=second.pk).delete()  # only to reuse the assertion
     assert_given_back_not_kept(first)
-
-
-def settled_note(live) -> tuple[str, str]:
-    match = re.search(
-        r'<p class="message message-(\w+)" id="settled-note"[^>]*>(.*?)</p>',
-        live.content.decode(),
-        re.S,
-    )
-    assert match, live.content.decode()[:3000]
-    return match[1], " ".join(match[2].split())
 
 
 def test_the_order_page_of_a_charge_of_another_amount(client):
