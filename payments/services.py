@@ -519,7 +519,12 @@ def refund_reference(payment: Payment) -> str:
 
 
 def _refund_locked(
-    *, order: Order, payment: Payment, reason: str, credited_id: int | None = None
+    *,
+    order: Order,
+    payment: Payment,
+    reason: str,
+    credited_id: int | None = None,
+    returned_at_provider: bool = False,
 ) -> Refund:
     """Move a succeeded payment's money back; the caller holds both row locks.
 
@@ -551,6 +556,16 @@ def _refund_locked(
     else:  # pragma: no cover - a succeeded payment has its entry
         raise ValueError(f"payment {payment.pk} has no journal entry")
     provider = payment.method == Payment.Method.PROVIDER
+    # Money the provider gave back already is not asked back from it again (a real
+    # provider may refuse to refund a refunded charge).
+    to_return = provider and not returned_at_provider
+    at_provider: str
+    if to_return:
+        at_provider, returned_at = Refund.AtProvider.PENDING, None
+    elif provider:
+        at_provider, returned_at = Refund.AtProvider.RETURNED, Now()
+    else:
+        at_provider, returned_at = "", None
     try:
         with transaction.atomic():
             refund = Refund.objects.create(
@@ -559,13 +574,14 @@ def _refund_locked(
                 currency=payment.currency,
                 reason=reason,
                 journal_entry=entry,
-                at_provider=Refund.AtProvider.PENDING if provider else "",
+                at_provider=at_provider,
+                returned_at=returned_at,
             )
     except IntegrityError:  # pragma: no cover - the payment row is locked
         raise AlreadyRefunded() from None
     payment.refund()
     payment.save()
-    if provider:
+    if to_return:
         enqueue_on_commit(RETURN_AT_PROVIDER, refund.pk)
     return refund
 
@@ -611,7 +627,9 @@ def _lock(payment_id: int) -> tuple[Order, Payment]:
     return order, payment
 
 
-def payment_refund(*, payment_id: int, reason: str = "requested") -> Refund:
+def payment_refund(
+    *, payment_id: int, reason: str = "requested", returned_at_provider: bool = False
+) -> Refund:
     """Give a succeeded payment's money back, once, and move it and its order on.
 
     One transaction: lock the order, then the payment (the order-first lock order
@@ -622,7 +640,8 @@ def payment_refund(*, payment_id: int, reason: str = "requested") -> Refund:
     payment refunded and the order refunded (a conditional update), and cancel the
     order's shipment if it was not dispatched yet: nothing goes out for money that
     went back (the dispatch is a conditional update of a pending shipment, so the
-    two find what the other did).
+    two find what the other did). `returned_at_provider`: the provider says it gave
+    the money back already (a charge refunded there), so it is not asked to.
     """
     with transaction.atomic(savepoint=False):
         order, payment = _lock(payment_id)
@@ -633,7 +652,12 @@ def payment_refund(*, payment_id: int, reason: str = "requested") -> Refund:
                 f"Payment {payment.pk} is {payment.status}; only a succeeded payment "
                 "can be refunded."
             )
-        refund = _refund_locked(order=order, payment=payment, reason=reason)
+        refund = _refund_locked(
+            order=order,
+            payment=payment,
+            reason=reason,
+            returned_at_provider=returned_at_provider,
+        )
         if order_mark_refunded(order_id=order.pk):
             Shipment.objects.filter(
                 order_id=order.pk, status=Shipment.Status.PENDING
@@ -769,10 +793,11 @@ def payment_apply_charge(
     (another amount than asked is given back at once). Collected and then
     refunded at the provider: settled and refunded (reason
     `refunded_at_provider`), so the order ends `refunded` whether its success
-    callback came first or not at all; the refund's return then finds the charge
-    refunded already. Still open at the provider: nothing changes. Runs in the
-    caller's transaction; every step re-reads under the order's and payment's
-    locks, so a callback, another re-drive or a repeat changes nothing more.
+    callback came first or not at all; the refund is recorded returned (the
+    provider gave the money back; it is not asked again). Still open at the
+    provider: nothing changes. Runs in the caller's transaction; every step
+    re-reads under the order's and payment's locks, so a callback, another re-drive
+    or a repeat changes nothing more.
     """
     with transaction.atomic(savepoint=False):
         if charge is None or charge.status == "FAILED":
@@ -790,7 +815,11 @@ def payment_apply_charge(
                 payment.pk,
                 charge.txn_id,
             )
-            payment_refund(payment_id=payment.pk, reason=REFUNDED_AT_PROVIDER)
+            payment_refund(
+                payment_id=payment.pk,
+                reason=REFUNDED_AT_PROVIDER,
+                returned_at_provider=True,
+            )
             payment = Payment.objects.get(pk=payment.pk)
     return payment
 

@@ -115,6 +115,9 @@ def assert_refunded_as_at_the_provider(payment: Payment) -> None:
         "merchant": 0,
         "external": 0,
     }
+    # Given back by the provider already: not asked to give it back again.
+    refund = Refund.objects.get(payment=payment)
+    assert refund.at_provider == Refund.AtProvider.RETURNED, refund.at_provider
     report = ledger_report()
     assert report["ok"], report["violations"]
     assert not report["warnings"], report["warnings"]
@@ -301,8 +304,11 @@ def test_redrives_racing_the_callback_of_a_charge_refunded_since(callbacks):
     payment_redrive(payment_id=payment.pk)  # repeated: nothing more
     assert_refunded_as_at_the_provider(payment)
     assert payments_stuck(older_than_seconds=60) == []
-    # Returning the refund finds the charge refunded at the provider already.
-    assert refund_return_at_provider_task(Refund.objects.get().pk) is True
+    # The provider gave the money back: the refund is returned, not asked again.
+    refund = Refund.objects.get()
+    assert refund.at_provider == Refund.AtProvider.RETURNED
+    assert refund.returned_at is not None
+    assert refund_return_at_provider_task(refund.pk) is False
     assert Charge.objects.get().refunded_at is not None
     assert_refunded_as_at_the_provider(payment)
 
