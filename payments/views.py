@@ -43,7 +43,6 @@ from .exceptions import (
 from .models import Payment
 from .selectors import order_page_url, payment_get, payment_history, payment_list
 from .services import (
-    AMOUNT_MISMATCH,
     payment_pay_with_balance,
     payment_pay_with_provider,
     payment_refund,
@@ -81,10 +80,10 @@ def _outcome(order: Order, latest: Payment | None) -> str:
     if order.is_paid:
         return "paid"
     if latest.status == Payment.Status.REFUNDED:
-        refund = getattr(latest, "refund_record", None)
-        if refund is not None and refund.reason == AMOUNT_MISMATCH:
-            # The provider collected another amount than the order's: given back
-            # at once, the order left as it was (`payment_settle`).
+        if latest.amount != order.amount:
+            # The provider collected another amount than the order's (the
+            # payment's amount is what it collected): given back at once, the
+            # order left as it was (`payment_settle`).
             return "another_amount"
         # Its success came when the order no longer took money (cancelled as the
         # payer confirmed): `payment_settle` refunded it at once.
