@@ -23,7 +23,8 @@ write endpoints). Then, in one run:
    credits spread over 8 sub-accounts (`MERCHANT_SUB_ACCOUNTS`), and the same
    payments spread over 32 merchants, at 32 clients.
 5. Housekeeping: a million expired keys purged by the project's own task on the real
-   Celery worker while writers run at 32 clients; their p99 against before it.
+   Celery worker while writers run at 32 clients, taking turns with the writers
+   alone; their p99 with the purge against without it.
 6. Growth: the key table bulk-loaded to 10 thousand, 1 million and 10 million
    records; at each size a first execution, a replay (from Redis) and a replay from
    the database (Redis emptied first) at one client, and the key lookup's own time
@@ -235,14 +236,6 @@ def turns(
 
 def alone(target: Target, make: MakeRequest, clients: int, seconds: float) -> dict:
     return hammer(target.url, "", target.token, clients, seconds, make).figures()
-
-
-def pieces(target: Target, make: MakeRequest, going: Callable[[], bool]) -> dict:
-    """`make`'s requests from 32 clients in one-second pieces, as long as `going()`."""
-    hammered = Hammered()
-    while going():
-        hammered = hammered.add(hammer(target.url, "", target.token, 32, 1.0, make))
-    return hammered.figures()
 
 
 def ratio_of(a: float, b: float) -> float:
@@ -522,53 +515,54 @@ def purge_run(
     stack: Stack, conn: psycopg.Connection, target: Target, keys: int, seconds: float
 ) -> dict:
     """`keys` expired key records, purged by the project's task on the Celery worker
-    (sent again until it finds none: each run stops after its time budget), while
-    writers make first executions at 32 clients: their p99 during the purge against
-    before it, and after it (when autovacuum cleans up what it deleted).
+    while writers make first executions at 32 clients: their p99 with the purge
+    running against without it, and after it (when autovacuum cleans up what it
+    deleted).
 
-    The writers run the same way before and during the purge, in one-second pieces,
-    and before it for four times `seconds` (32 s): a p99 is the slowest 1 % of the
-    requests, and over 8 s (40 requests of 4,000) it moved by half from one run to
-    the next, as much as the purge itself."""
+    With and without take turns until the purge is done: the writers alone for
+    `seconds / 4`, then the task sent with `max_seconds = seconds / 2` and the
+    writers running while it works. A p99 is the slowest 1 % of the requests; taken
+    from one stretch before the purge and another during it, it also measured how
+    the machine drifted in between (checkpoints, autovacuum, the other processes on
+    the two cores): over 8 s it moved by half from one run to the next, as much as
+    the purge itself. Taking turns, the drift weighs on both alike."""
     from celery import Celery
 
     loaded_in = bulk.load_keys(conn, keys, expired=True)
     writers = fixed(PREORDERS).scenarios(uuid.uuid4().hex[:8])["first"]
     broker = stack.env()["CELERY_BROKER_URL"]
     app = Celery(broker=broker, backend=broker)
-    until = time.monotonic() + 4 * seconds
-    before = pieces(target, writers, lambda: time.monotonic() < until)
+    working, resting = seconds / 2, seconds / 4
+    alone(target, writers, 32, 1.0)  # (warm-up)
+    without, during = Hammered(), Hammered()
     runs: list[int] = []  # what each run of the task deleted
-    ended, failed = [0.0], []
-
-    def purge() -> None:
-        try:
-            while found := app.send_task(PURGE_TASK).get(timeout=600):
-                runs.append(found)
-        except Exception as exc:
-            failed.append(exc)
-        ended[0] = time.monotonic()
-
-    started = time.monotonic()
-    thread = threading.Thread(target=purge)
-    thread.start()
-    busy = pieces(target, writers, thread.is_alive)
-    thread.join()
-    app.close()
-    if failed:
-        raise RuntimeError(f"the purge task failed: {failed[0]!r}")
+    took = 0.0  # the seconds the task worked, in all
+    try:
+        while not runs or runs[-1]:
+            got = hammer(target.url, "", target.token, 32, resting, writers)
+            without = without.add(got)
+            started = time.monotonic()
+            sent = app.send_task(PURGE_TASK, kwargs={"max_seconds": working})
+            got = hammer(target.url, "", target.token, 32, working, writers)
+            during = during.add(got)
+            runs.append(sent.get(timeout=600))
+            took += time.monotonic() - started
+    except Exception as exc:
+        raise RuntimeError(f"the purge task failed: {exc!r}") from exc
+    finally:
+        app.close()
     after = alone(target, writers, 32, seconds / 2)
-    took = ended[0] - started
+    busy, calm = during.figures(), without.figures()
     return {
         "keys": sum(runs),
         "task_runs": len(runs),
         "load_s": round(loaded_in, 1),
         "purge_s": round(took, 1),
         "keys_per_s": round(sum(runs) / took) if took else 0,
-        "before": before,
+        "without": calm,
         "during": busy,
         "after": after,
-        "p99_ratio": ratio_of(busy["p99_ms"], before["p99_ms"]),
+        "p99_ratio": ratio_of(busy["p99_ms"], calm["p99_ms"]),
     }
 
 
@@ -787,11 +781,11 @@ def report(out: dict, figures: dict) -> None:
     print(
         f"purge of {purge['keys']} expired keys (loaded in {purge['load_s']} s) by "
         f"{purge['task_runs']} run(s) of the task: {purge['purge_s']} s, "
-        f"{purge['keys_per_s']} keys/s; writers at 32 clients, before / during / "
+        f"{purge['keys_per_s']} keys/s; writers at 32 clients, without / during / "
         "after: "
         + ", ".join(
             f"{purge[when]['ok_rps']}/s p99 {purge[when]['p99_ms']} ms"
-            for when in ("before", "during", "after")
+            for when in ("without", "during", "after")
         )
         + f" ({purge['p99_ratio']}x)"
     )
