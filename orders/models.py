@@ -11,13 +11,20 @@ from django.conf import settings
 from django.db import models
 from django.db.models import Q
 from django.db.models.functions import Now
-from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 from django_fsm import ConcurrentTransitionMixin, FSMIntegerField, transition
 
+from idempotency.sql import DatabaseNow
 from ledger.fsm import ProtectedStateMixin
 
 MERCHANT_ORDER_NO_MAX_LENGTH = 32
+
+
+class PreOrderQuerySet(models.QuerySet["PreOrder"]):
+    def judged(self) -> "PreOrderQuerySet":
+        """Each pre-order with `expired` set by the database's clock, the one its
+        expiry was set by and the purge reads (see `preorder_create`)."""
+        return self.annotate(expired=Q(expires_at__lte=DatabaseNow()))
 
 
 class PreOrder(models.Model):
@@ -33,16 +40,15 @@ class PreOrder(models.Model):
     created_at = models.DateTimeField(_("created"), auto_now_add=True)
     expires_at = models.DateTimeField(_("expires"), db_index=True)
 
+    objects = PreOrderQuerySet.as_manager()
+    expired: bool  # (where read through `PreOrderQuerySet.judged`)
+
     class Meta:
         verbose_name = _("pre-order")
         verbose_name_plural = _("pre-orders")
 
     def __str__(self) -> str:
         return self.merchant_order_no
-
-    @property
-    def is_expired(self) -> bool:
-        return self.expires_at <= timezone.now()
 
 
 class OrderStatus(models.IntegerChoices):

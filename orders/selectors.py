@@ -37,12 +37,15 @@ def order_contents(order: Order) -> tuple[object, ...]:
 
 
 def preorder_find(*, owner: User, merchant_order_no: str) -> PreOrder | None:
-    """The pre-order that issued that number to the owner, or None."""
+    """The pre-order that issued that number to the owner, or None; `expired` says
+    whether it has (by the database's clock)."""
     if not merchant_order_no:
         return None
-    return PreOrder.objects.filter(
-        owner=owner, merchant_order_no=merchant_order_no
-    ).first()
+    return (
+        PreOrder.objects.filter(owner=owner, merchant_order_no=merchant_order_no)
+        .judged()
+        .first()
+    )
 
 
 def product_list() -> QuerySet[Product]:

@@ -80,13 +80,17 @@ def preorder_create(*, owner: User) -> PreOrder:
     """Issue a fresh merchant order number to `owner`, usable until it expires.
 
     The number is a Snowflake id: unique without asking the database, roughly ordered
-    by time. The row records who may use it and until when.
+    by time. The row records who may use it and until when, by the database's clock,
+    which `order_create` and the purge read too: a host whose clock runs slow or
+    fast neither shortens a number's life nor lengthens it past the purge's grace.
     """
-    return PreOrder.objects.create(
-        merchant_order_no=str(next_snowflake()),
-        owner=owner,
-        expires_at=timezone.now() + timedelta(seconds=settings.PREORDER_TTL_SECONDS),
-    )
+    preorder = PreOrder(merchant_order_no=str(next_snowflake()), owner=owner)
+    ttl = timedelta(seconds=settings.PREORDER_TTL_SECONDS)
+    if not insert_unless_exists(
+        preorder, ("merchant_order_no",), clock={"expires_at": ttl}
+    ):
+        raise RuntimeError(f"merchant order number {preorder} issued twice")
+    return preorder
 
 
 ItemLine = tuple[str, int]  # (sku, quantity)
@@ -124,12 +128,14 @@ def order_create(
         raise ValueError("an order amount is a positive integer of minor units")
     if currency is None or not currency_supported(currency):
         raise ValueError(f"the ledger does not hold {currency!r}")
-    preorder = PreOrder.objects.filter(
-        merchant_order_no=merchant_order_no, owner=owner
-    ).first()
+    preorder = (
+        PreOrder.objects.filter(merchant_order_no=merchant_order_no, owner=owner)
+        .judged()
+        .first()
+    )
     if preorder is None:
         raise MerchantOrderNoUnknown()
-    if preorder.is_expired:
+    if preorder.expired:
         placed = Order.objects.filter(owner=owner, merchant_order_no=merchant_order_no)
         if placed.exists():
             raise DuplicateOrder(merchant_order_no=merchant_order_no)
@@ -510,7 +516,7 @@ def preorder_purge_expired(
             f"a grace of {grace_seconds} s could purge a number an order is being "
             f"created for; use at least {PREORDER_PURGE_MIN_GRACE_SECONDS} s"
         )
-    cutoff = timezone.now() - timedelta(seconds=grace_seconds)
+    cutoff = DatabaseNow(plus=-timedelta(seconds=grace_seconds))
     # By owner and number: the orders' unique index answers each probe.
     used = Order.objects.filter(
         owner=OuterRef("owner"), merchant_order_no=OuterRef("merchant_order_no")

@@ -155,7 +155,7 @@ def _form_preorder(request: HttpRequest) -> PreOrder:
     )
     if (
         kept is not None
-        and not kept.is_expired
+        and not kept.expired
         and order_find(owner=owner, merchant_order_no=kept.merchant_order_no) is None
     ):
         return kept
@@ -266,7 +266,7 @@ def order_new(request: HttpRequest) -> HttpResponse:
         token = request.GET.get("token", "")
         preorder = preorder_find(owner=authenticated(request), merchant_order_no=token)
         placed = order_find(owner=authenticated(request), merchant_order_no=token)
-        if preorder is None or (placed is None and preorder.is_expired):
+        if preorder is None or (placed is None and preorder.expired):
             # Issue the token (once per visit), then show the form at a URL that
             # names it: going back to this page, even when the browser fetches it
             # again, shows the same token, and resubmitting it lands on the same

@@ -3,7 +3,7 @@ from io import StringIO
 
 import pytest
 from django.core.management import CommandError, call_command
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 from django_fsm import ConcurrentTransition
 
@@ -278,3 +278,50 @@ def test_purge_refuses_bad_numbers_and_deletes_nothing(args):
     with pytest.raises(CommandError, match=f"{args[0]} is "):
         call_command("purge_preorders", *args)
     assert PreOrder.objects.count() == 1
+
+
+@pytest.fixture
+def host_clock(monkeypatch):
+    """Set this host's clock `skew` away from the database's."""
+    if connection.vendor != "postgresql":
+        pytest.skip("on SQLite the database's clock is this host's")
+    real_now = timezone.now
+
+    def skew(by: timedelta) -> None:
+        monkeypatch.setattr("django.utils.timezone.now", lambda: real_now() + by)
+
+    return skew
+
+
+def test_a_numbers_life_is_timed_by_the_database_clock(settings, host_clock):
+    # Issued by a host running an hour slow, a number still lives its full time;
+    # used through a host an hour fast, it has not expired yet.
+    settings.PREORDER_TTL_SECONDS = 600
+    host_clock(-timedelta(hours=1))
+    preorder = preorder_create(owner=UserFactory())
+    stored = PreOrder.objects.get(pk=preorder.pk).expires_at
+    assert preorder.expires_at == stored
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT %s - statement_timestamp()", [stored])
+        (left,) = cursor.fetchone()
+    assert timedelta(seconds=590) < left <= timedelta(seconds=600)
+    host_clock(+timedelta(hours=1))
+    order = create(preorder.owner, preorder.merchant_order_no)
+    assert order.merchant_order_no == preorder.merchant_order_no
+
+
+def test_a_fast_host_neither_expires_nor_purges_early(settings, host_clock):
+    # A beat host a day fast must not purge a number the database still counts as
+    # live (an order for it may be on its way), and a web host a day fast must not
+    # call it expired.
+    preorder = preorder_create(owner=UserFactory())
+    host_clock(+timedelta(days=1))
+    assert preorder_purge_expired(grace_seconds=600) == 0
+    assert PreOrder.objects.filter(pk=preorder.pk).exists()
+    create(preorder.owner, preorder.merchant_order_no)
+    # And by the database's clock an expired one is expired, whatever the host says.
+    late = PreOrderFactory(expires_at=timezone.now() - timedelta(days=2))
+    host_clock(-timedelta(days=3))
+    with pytest.raises(MerchantOrderNoUnknown, match="expired"), transaction.atomic():
+        create(late.owner, late.merchant_order_no)
+    assert preorder_purge_expired(grace_seconds=600) == 1
