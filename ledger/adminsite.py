@@ -23,6 +23,12 @@ An action runs only on a selection whose every id could name a row of its list
 anything else is refused as Django refuses an action it does not know, with a
 message on the list and nothing done.
 
+An action acts on at most `ACTION_ROWS_MAX` rows a request. Django's "select all"
+hands it every row the list's filters leave, thousands, in one request, which the
+web server's timeout cuts short halfway (what committed stays, the rest is never
+done, and the page never says which). A larger selection is refused, nothing done,
+with a message that says how many it holds and how many may be acted on.
+
 An add or change form checks its unique values (a product's SKU, a username, the
 user of a token) before it saves, but two presses at the same instant (a double
 click on Save, two staff members) both pass that check, and the second INSERT broke
@@ -106,25 +112,47 @@ def names_a_row(pk: Field, value: str) -> bool:
     return True
 
 
+# The most rows one action acts on in a request (see the module doc): each is its
+# own transaction of a few statements, so this many take a few seconds.
+ACTION_ROWS_MAX = 500
+
+
 class SelectionCheckingAdmin(admin.ModelAdmin):
-    """A ModelAdmin whose actions refuse a damaged selection (see the module doc)."""
+    """A ModelAdmin whose actions refuse a damaged selection, and one larger than
+    `ACTION_ROWS_MAX` (see the module doc)."""
+
+    action_rows_max = ACTION_ROWS_MAX
 
     def response_action(
         self, request: HttpRequest, queryset: QuerySet, *args: Any, **kwargs: Any
     ) -> HttpResponse | None:
         selected = request.POST.getlist(ACTION_CHECKBOX_NAME)
-        if all(names_a_row(self.opts.pk, value) for value in selected):
-            return super().response_action(request, queryset, *args, **kwargs)
-        # None: the changelist redirects to itself, with this message.
-        self.message_user(
-            request,
-            gettext(
-                "The selection is damaged: it names something that is not a row "
-                "of this list. Nothing was done; select the rows again."
-            ),
-            messages.ERROR,
-        )
-        return None
+        # None: the changelist redirects to itself, with the message.
+        if not all(names_a_row(self.opts.pk, value) for value in selected):
+            self.message_user(
+                request,
+                gettext(
+                    "The selection is damaged: it names something that is not a row "
+                    "of this list. Nothing was done; select the rows again."
+                ),
+                messages.ERROR,
+            )
+            return None
+        across = request.POST.get("select_across") == "1"
+        count = queryset.count() if across else len(set(selected))
+        if count > self.action_rows_max:
+            self.message_user(
+                request,
+                gettext(
+                    "%(count)d rows are selected; an action acts on at most "
+                    "%(max)d at a time. Nothing was done: narrow the list with its "
+                    "filters, or select fewer rows."
+                )
+                % {"count": count, "max": self.action_rows_max},
+                messages.ERROR,
+            )
+            return None
+        return super().response_action(request, queryset, *args, **kwargs)
 
 
 class UniqueRaceAdmin(admin.ModelAdmin):

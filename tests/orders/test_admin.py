@@ -470,3 +470,46 @@ def test_a_product_added_twice_at_once_is_added_once(admin_user):
     results = run_in_threads(6, work)
     assert sorted(results) == [200] * 5 + [302], results
     assert Product.objects.filter(sku="TEA-1").count() == 1
+
+
+def test_an_action_refuses_a_selection_larger_than_it_may_act_on(staff, monkeypatch):
+    # "Select all" hands the action every row the filters leave: past the limit the
+    # action is refused whole (not cut short by the server's timeout halfway).
+    from ledger.adminsite import SiteAdmin
+    from tests.backoffice import messages_of
+
+    monkeypatch.setattr(SiteAdmin, "action_rows_max", 3)
+    user, _, _ = customer("alice", balance=10_000)
+    orders = [place_order(user) for _ in range(4)]
+    ids = [order.pk for order in orders]
+    statuses = Order.objects.filter(pk__in=ids).values_list("status", flat=True)
+    for selection in (
+        {"select_across": "1", "_selected_action": ids[:1]},
+        {"select_across": "0", "_selected_action": ids},
+    ):
+        page = staff.post(
+            "/admin/orders/order/", {"action": "cancel", **selection}, follow=True
+        )
+        assert page.status_code == 200
+        assert messages_of(page) == [
+            "4 rows are selected; an action acts on at most 3 at a time. Nothing "
+            "was done: narrow the list with its filters, or select fewer rows."
+        ]
+        assert set(statuses) == {Order.Status.PENDING_PAYMENT}
+    # The list's filters narrow "select all" to what the action may take.
+    page = staff.post(
+        "/admin/orders/order/?q=" + user.username,
+        {"action": "cancel", "select_across": "1", "_selected_action": ids[:1]},
+        follow=True,
+    )
+    assert "4 rows are selected" in " ".join(messages_of(page))
+    page = staff.post(
+        f"/admin/orders/order/?id__in={ids[1]},{ids[2]},{ids[3]}",
+        {"action": "cancel", "select_across": "1", "_selected_action": ids[1:2]},
+        follow=True,
+    )
+    assert messages_of(page) == ["3 orders updated."]
+    assert (
+        list(statuses.order_by("pk"))
+        == [Order.Status.PENDING_PAYMENT] + [Order.Status.CANCELLED] * 3
+    )
