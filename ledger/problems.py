@@ -1,5 +1,6 @@
 """RFC 9457 problem details: the one shape of every error body the app returns."""
 
+import logging
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -9,6 +10,7 @@ from django.http import (
     HttpRequest,
     HttpResponse,
     HttpResponseBadRequest,
+    HttpResponseServerError,
     JsonResponse,
 )
 from django.shortcuts import render
@@ -22,6 +24,8 @@ from rest_framework.response import Response
 from idempotency.exceptions import ProblemError
 
 PROBLEM_CONTENT_TYPE = "application/problem+json"
+
+logger = logging.getLogger(__name__)
 
 
 class RequestBodyIncomplete(ProblemError):
@@ -151,14 +155,38 @@ def _is_api(request: HttpRequest) -> bool:
 
 
 def page_not_found(request: HttpRequest, exception: Exception) -> HttpResponse:
+    """handler404: an API path gets problem+json; a page gets the shop's 404 page
+    (templates/404.html), in its layout with a way back to the shop."""
     if not _is_api(request):
         return defaults.page_not_found(request, exception)
     return problem_response(status.HTTP_404_NOT_FOUND, "not_found", "Not found")
 
 
-def server_error(request: HttpRequest) -> HttpResponse:
+def permission_denied(request: HttpRequest, exception: Exception) -> HttpResponse:
+    """handler403: a `PermissionDenied` raised outside DRF's views (whose own
+    handler answers theirs). An API path gets problem+json, as DRF answers it; a
+    page gets the shop's 403 page (templates/403.html)."""
     if not _is_api(request):
-        return defaults.server_error(request)
+        return defaults.permission_denied(request, exception)
+    return problem_response(
+        status.HTTP_403_FORBIDDEN, "permission_denied", "Permission denied"
+    )
+
+
+def server_error(request: HttpRequest) -> HttpResponse:
+    """handler500: an API path gets problem+json; a page gets the shop's 500 page
+    (templates/500.html), rendered as Django renders it: with an empty context, no
+    request, so that nothing it shows can query the database or fail again. Should
+    it fail all the same (the fault is in the layout it extends), Django's bare
+    page rather than no answer at all."""
+    if not _is_api(request):
+        try:
+            return defaults.server_error(request)
+        except Exception:
+            logger.exception("the 500 page could not be rendered")
+            return HttpResponseServerError(
+                "<h1>Server Error (500)</h1>", content_type="text/html"
+            )
     return problem_response(
         status.HTTP_500_INTERNAL_SERVER_ERROR,
         "internal_error",

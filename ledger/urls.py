@@ -43,5 +43,6 @@ urlpatterns = [
 ]
 
 handler400 = "ledger.problems.bad_request"
+handler403 = "ledger.problems.permission_denied"
 handler404 = "ledger.problems.page_not_found"
 handler500 = "ledger.problems.server_error"
