@@ -202,7 +202,12 @@ def bad_request(request: HttpRequest, exception: Exception) -> HttpResponse:
     host, else `bad_request`; a page gets the shop's 400 page, rendered without
     the request, as Django's own is: the request may name a host this site is not
     served at, so the page mints no CSRF token or session for it and holds no
-    form."""
+    form.
+
+    With DEBUG on, Django answers a refused host with its debug page before this
+    handler is asked, on any path, as it answers every other error in DEBUG; that
+    is left so: the host is then most likely the developer's own, and the debug
+    page names the setting (DJANGO_ALLOWED_HOSTS) to add it to."""
     host_refused = isinstance(exception, DisallowedHost)
     if _is_api(request):
         if host_refused:

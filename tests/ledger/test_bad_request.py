@@ -70,3 +70,19 @@ def test_a_page_refusing_a_request_answers_the_same_page_with_a_way_back(shopper
     page = answer.content.decode()
     assert 'id="bad-request"' in page and "could not understand this request" in page
     assert 'href="/"' in page  # to the shop
+
+
+@pytest.mark.parametrize("path", ["/orders", "/api/v1/orders"])
+def test_with_debug_on_a_host_not_served_gets_djangos_debug_page(
+    client, settings, path
+):
+    """DJANGO_DEBUG=true is a developer's machine: the host refused is most likely
+    the developer's own (a LAN address, a container's name), and Django's debug
+    page names the setting to add it to, as it does for every other error in
+    DEBUG (a 404, a 500). The shop's page and the problem are for DEBUG off."""
+    settings.DEBUG = True
+    answer = client.get(path, HTTP_HOST="dev-box.lan:8000")
+    assert answer.status_code == 400
+    page = answer.content.decode()
+    assert "DisallowedHost" in page and "ALLOWED_HOSTS" in page
+    assert "dev-box.lan" in page
