@@ -154,6 +154,15 @@ class Payment(ProtectedStateMixin, ConcurrentTransitionMixin, models.Model):
     def __str__(self) -> str:
         return f"payment {self.pk} ({self.method}, {self.status})"
 
+    @property
+    def used_provider_charge(self) -> bool:
+        """Whether this is a provider payment that booked money: the provider keys
+        its one charge by merchant order number, and this one collected it (kept,
+        or given back), so the order has no provider charge left to open. Read from
+        the row alone, so a page that has the order's payments asks nothing more
+        (`payments.services.provider_charge_used`, the order page)."""
+        return self.method == self.Method.PROVIDER and self.journal_entry_id is not None
+
     # Transitions only declare the legal edges; services save them.
     # A provider may report success after reporting failure (the payer retried on
     # the pay page), or after we cancelled (the payer confirmed before the cancel

@@ -461,12 +461,10 @@ def provider_charge_used(*, order_id: int) -> bool:
     """Whether a provider payment of the order booked money: the provider keys its
     one charge by merchant order number, so while the order still takes money (a
     charge of another amount, given back by `payment_settle`) it has no charge left
-    to open for it."""
-    return Payment.objects.filter(
-        order_id=order_id,
-        method=Payment.Method.PROVIDER,
-        journal_entry__isnull=False,
-    ).exists()
+    to open for it. The rule is `Payment.used_provider_charge`, over the order's
+    few payments."""
+    payments = Payment.objects.filter(order_id=order_id).only("method", "journal_entry")
+    return any(payment.used_provider_charge for payment in payments)
 
 
 def payment_record_charge(

@@ -125,10 +125,7 @@ def _order_context(order: Order) -> dict:
         "open_provider": open_provider if payable else None,
         # The provider's one charge for the order was collected and given back
         # (as `provider_charge_used` reads it, from the payments at hand).
-        "provider_used": payable
-        and any(
-            p.method == Payment.Method.PROVIDER and p.journal_entry_id for p in payments
-        ),
+        "provider_used": payable and any(p.used_provider_charge for p in payments),
         # Follow the page while a payment may still settle by itself: one with a
         # pay page. A pending payment the provider never answered for has none, so
         # nothing can settle it; the shopper presses the button again.
