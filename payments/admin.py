@@ -27,6 +27,7 @@ from .services import (
     payment_refund,
     payment_void,
     provider_event_redrive,
+    refund_reason_is_reserved,
 )
 
 REFUSALS.update(
@@ -51,6 +52,19 @@ class RefundForm(ActionForm):
         initial="requested",
         help_text=_("Kept with the refund (at most 64 characters)."),
     )
+
+    def clean_reason(self) -> str:
+        reason = self.cleaned_data["reason"]
+        if refund_reason_is_reserved(reason):
+            raise forms.ValidationError(
+                _(
+                    "“%(reason)s” is reserved for refunds the system makes; give "
+                    "another reason."
+                ),
+                code="refund_reason_reserved",
+                params={"reason": reason},
+            )
+        return reason
 
 
 class PaymentInline(admin.TabularInline):

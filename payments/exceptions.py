@@ -98,3 +98,13 @@ class PaymentNotVoidable(DomainError):
         "Only an authorized payment can be voided; this one was captured, voided or "
         "expired."
     )
+
+
+class RefundReasonReserved(DomainError):
+    status = 400
+    code = "refund_reason_reserved"
+    title = "Refund reason reserved"
+    default_detail = (
+        "This refund reason is one only the system gives (a charge the provider "
+        "collected for another amount, or refunded at the provider); give another."
+    )

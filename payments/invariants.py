@@ -228,7 +228,8 @@ def charges_of_another_amount() -> list[str]:
     from .models import Payment, Refund
     from .services import AMOUNT_MISMATCH
 
-    # The reason alone is no proof: the refund API takes the customer's own text.
+    # The reason alone is no proof: the refund API refuses it now
+    # (`RefundReasonReserved`), but refunds made before took the customer's text.
     # A charge of another amount is a provider payment whose amount (what was
     # collected) is not its order's.
     rows = (

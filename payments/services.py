@@ -8,6 +8,7 @@ commands, web views) open it `durable=True`. Tasks are sent by name after commit
 """
 
 import logging
+import unicodedata
 from datetime import timedelta
 from typing import Any
 
@@ -57,6 +58,7 @@ from .exceptions import (
     PaymentNotVoidable,
     ProviderChargeUsed,
     ProviderRefused,
+    RefundReasonReserved,
 )
 from .models import Payment, ProviderEvent, Refund, Shipment
 from .provider_client import (
@@ -625,8 +627,39 @@ def _lock(payment_id: int) -> tuple[Order, Payment]:
     return order, payment
 
 
-def payment_refund(
-    *, payment_id: int, reason: str = "requested", returned_at_provider: bool = False
+# The refund reason of a charge the provider collected for another amount than
+# we asked (`payment_settle`); `check_ledger` names these until given back.
+AMOUNT_MISMATCH = "amount_mismatch"
+# The refund reason of a payment whose charge the provider says it refunded.
+REFUNDED_AT_PROVIDER = "refunded_at_provider"
+# The reasons only the system gives, when the provider's answer forces a refund: a
+# refund someone asks for (the API, the back office) never carries one, so the
+# journal and the back office tell the two apart.
+RESERVED_REFUND_REASONS = frozenset({AMOUNT_MISMATCH, REFUNDED_AT_PROVIDER})
+
+
+def refund_reason_is_reserved(reason: str) -> bool:
+    """Whether `reason` is one only the system gives, whatever its case, its
+    compatibility form (full-width letters) and the whitespace around it."""
+    folded = unicodedata.normalize("NFKC", reason).strip().casefold()
+    return folded in RESERVED_REFUND_REASONS
+
+
+def payment_refund(*, payment_id: int, reason: str = "requested") -> Refund:
+    """Refund a payment someone asked to refund (the API, the shop, the back
+    office): `_payment_refund`, with `reason` theirs. A reason only the system
+    gives raises `RefundReasonReserved` before anything is read or written."""
+    if refund_reason_is_reserved(reason):
+        detail = (
+            f"The refund reason {reason.strip()!r} is reserved for refunds the "
+            "system makes; give another."
+        )
+        raise RefundReasonReserved(detail, errors={"reason": [detail]})
+    return _payment_refund(payment_id=payment_id, reason=reason)
+
+
+def _payment_refund(
+    *, payment_id: int, reason: str, returned_at_provider: bool = False
 ) -> Refund:
     """Give a succeeded payment's money back, once, and move it and its order on.
 
@@ -666,13 +699,6 @@ def payment_refund(
 def provider_reference(payment: Payment) -> str:
     """The ledger reference of a provider payment's settlement: once per payment."""
     return f"provider:{payment.pk}"
-
-
-# The refund reason of a charge the provider collected for another amount than
-# we asked (`payment_settle`); `check_ledger` names these until given back.
-AMOUNT_MISMATCH = "amount_mismatch"
-# The refund reason of a payment whose charge the provider says it refunded.
-REFUNDED_AT_PROVIDER = "refunded_at_provider"
 
 
 def payment_settle(
@@ -813,7 +839,7 @@ def payment_apply_charge(
                 payment.pk,
                 charge.txn_id,
             )
-            payment_refund(
+            _payment_refund(
                 payment_id=payment.pk,
                 reason=REFUNDED_AT_PROVIDER,
                 returned_at_provider=True,

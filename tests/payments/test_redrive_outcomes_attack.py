@@ -16,6 +16,7 @@ from payments.services import (
     provider_event_process,
 )
 from tests.helpers import (
+    assert_problem,
     customer,
     event_body,
     new_key,
@@ -36,9 +37,10 @@ pytestmark = pytest.mark.django_db
 
 def test_a_customers_refund_reason_is_not_a_charge_of_another_amount():
     """The refund API takes the customer's own `reason` (free text): a wallet
-    refund the customer calls "amount_mismatch" is no charge the provider
-    collected for another amount, and must not be named as one by check_ledger
-    (for ever: a wallet refund is never `returned` at a provider)."""
+    refund the customer calls "amount_mismatch" would look like a charge the
+    provider collected for another amount. The reason is the system's alone: the
+    API refuses it (`400 refund_reason_reserved`), nothing is refunded, and
+    check_ledger names nothing."""
     user, api, _ = customer("mallory", balance=5000)
     order = place_order(user, amount=ASKED)
     paid = payment_pay_with_balance(order_id=order.pk)
@@ -48,26 +50,28 @@ def test_a_customers_refund_reason_is_not_a_charge_of_another_amount():
         format="json",
         headers={"Idempotency-Key": new_key()},
     )
-    assert response.status_code == 201, response.content
+    assert_problem(response, 400, "refund_reason_reserved")
+    assert not Refund.objects.exists()
     report = ledger_report()
     assert report["ok"], report["violations"]
     assert report["warnings"] == [], report["warnings"]
 
 
 def test_a_customers_provider_refund_reason_is_not_a_charge_of_another_amount():
-    """The same for a provider payment the customer refunds with that reason: what
-    the provider collected is what was asked."""
+    """The same for a provider payment the customer refunds with that reason: it
+    is refused, and what the provider collected is what was asked."""
     user, api, _ = customer("mallet")
     order = place_order(user, amount=ASKED)
     payment = pending_provider_payment(order)
     payment_apply_charge(payment_id=payment.pk, charge=answer(payment, "SUCCESS"))
     response = api.post(
         f"/api/v1/payments/{payment.pk}/refund",
-        {"reason": "amount_mismatch"},
+        {"reason": "Amount_Mismatch "},
         format="json",
         headers={"Idempotency-Key": new_key()},
     )
-    assert response.status_code == 201, response.content
+    assert_problem(response, 400, "refund_reason_reserved")
+    assert Payment.objects.get(pk=payment.pk).status == Payment.Status.SUCCEEDED
     assert not any("collected" in w for w in ledger_report()["warnings"])
 
 
