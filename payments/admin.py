@@ -24,6 +24,7 @@ from orders.models import Order
 from .models import CallbackNonce, Payment, ProviderEvent, Refund, Shipment
 from .services import (
     payment_capture,
+    payment_redrive_parked,
     payment_refund,
     payment_void,
     provider_event_redrive,
@@ -98,7 +99,8 @@ class PaymentAdmin(BackofficeMixin, ReadOnlyAdmin):
     (manual capture) can be captured in full or voided: each action calls the same
     service as the API, once per payment per click, in its own transaction; a
     payment no longer authorized (a second click, a race with the expiry) is
-    skipped."""
+    skipped. A provider payment beat's re-drive parked (its answer refused by the
+    ledger) shows why, and is re-driven once its cause is fixed."""
 
     list_display = (
         "id",
@@ -108,8 +110,14 @@ class PaymentAdmin(BackofficeMixin, ReadOnlyAdmin):
         "method",
         "created_at",
         "succeeded_at",
+        "redrive_parked",
     )
-    list_filter = ("status", "method", "currency")
+    list_filter = (
+        "status",
+        "method",
+        "currency",
+        ("redrive_parked_at", admin.EmptyFieldListFilter),
+    )
     search_fields = ("order__merchant_order_no", "order__owner__username")
     list_select_related = ("order",)
     date_hierarchy = "created_at"
@@ -129,9 +137,61 @@ class PaymentAdmin(BackofficeMixin, ReadOnlyAdmin):
         "charge_cancelled_at",
         "authorized_amount",
         "hold",
+        "redrive_attempts",
+        "redrive_error",
+        "redrive_parked_at",
     )
     fields = readonly_fields
-    actions = ("refund", "capture", "void")
+    actions = ("refund", "capture", "void", "redrive")
+
+    @admin.display(description=_("re-drive parked"), ordering="redrive_parked_at")
+    def redrive_parked(self, payment: Payment) -> str:
+        """Why beat stopped re-driving it, for a parked payment."""
+        return payment.redrive_error if payment.redrive_parked_at else ""
+
+    def has_redrive_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm("payments.change_payment")
+
+    @admin.action(
+        description=_("Re-drive parked payments (ask the provider again, once)"),
+        permissions=["redrive"],
+    )
+    def redrive(self, request: HttpRequest, queryset: QuerySet) -> None:
+        """No input, so no token: the service re-drives only a parked payment, by
+        a conditional update, so a second press or a second staff member finds it
+        moved on. Outside any transaction: the re-drive asks the provider."""
+        outcomes = {"redriven": 0, "failed": 0, "skipped": 0}
+        for pk in queryset.order_by("pk").values_list("pk", flat=True):
+            payment, redriven = payment_redrive_parked(payment_id=pk)
+            if not redriven:
+                outcomes["skipped"] += 1
+            elif payment.redrive_attempts:
+                outcomes["failed"] += 1
+                self.message_user(
+                    request,
+                    gettext("Payment %(id)s: %(why)s")
+                    % {"id": pk, "why": payment.redrive_error},
+                    messages.WARNING,
+                )
+            else:
+                outcomes["redriven"] += 1
+        parts = [
+            ngettext("%(n)d re-driven", "%(n)d re-driven", outcomes["redriven"]),
+            ngettext("%(n)d failed again", "%(n)d failed again", outcomes["failed"]),
+            ngettext(
+                "%(n)d skipped (not parked)",
+                "%(n)d skipped (not parked)",
+                outcomes["skipped"],
+            ),
+        ]
+        counts = [outcomes["redriven"], outcomes["failed"], outcomes["skipped"]]
+        summary = ", ".join(
+            part % {"n": n} for part, n in zip(parts, counts, strict=True) if n
+        )
+        level = messages.SUCCESS if outcomes["redriven"] else messages.INFO
+        self.message_user(
+            request, gettext("Re-drive: %(summary)s.") % {"summary": summary}, level
+        )
 
     amount_money = money_column("amount", _("amount"))
 

@@ -160,6 +160,24 @@ def provider_events_parked() -> list[str]:
 
 
 @warning_check
+def provider_payments_parked() -> list[str]:
+    """Provider payments beat stopped re-driving after its re-drive was refused
+    `PAYMENT_REDRIVE_MAX_ATTEMPTS` times (the provider's answer cannot be applied:
+    an account frozen or closed). Staff fix the cause and re-drive them from the
+    admin (Payments, filter "re-drive parked")."""
+    from .models import Payment
+
+    parked = Payment.objects.filter(redrive_parked_at__isnull=False).values_list(
+        "pk", "order__merchant_order_no", "redrive_attempts", "redrive_error"
+    )
+    return [
+        f"payment {pk} (order {order_no}) parked after {attempts} refused "
+        f"re-drives: {error}"
+        for pk, order_no, attempts, error in parked.order_by("pk")
+    ]
+
+
+@warning_check
 def refunds_not_returned() -> list[str]:
     """Refunds of provider payments the provider has not given back to the payer:
     refused (the charge was never collected there), or still pending ten minutes

@@ -96,6 +96,20 @@ class Payment(ProtectedStateMixin, ConcurrentTransitionMixin, models.Model):
     provider_asked_at = models.DateTimeField(
         _("provider last asked"), null=True, blank=True
     )
+    # Beat's re-drive refused for a business reason (money cannot leave a frozen
+    # merchant account): each refusal is counted, with its error, and after
+    # PAYMENT_REDRIVE_MAX_ATTEMPTS of them the payment is parked (`redrive_parked_at`)
+    # for staff, who re-drive it from the admin once its cause is fixed, instead of
+    # being asked about again every rotation (`payment_redrive`).
+    redrive_attempts = models.PositiveSmallIntegerField(
+        _("re-drive failed attempts"), default=0, db_default=0
+    )
+    redrive_error = models.TextField(
+        _("re-drive last error"), blank=True, default="", db_default=""
+    )
+    redrive_parked_at = models.DateTimeField(
+        _("re-drive parked"), null=True, blank=True
+    )
 
     class ChargeCancel(models.TextChoices):
         NONE = "", _("No cancel to follow up")

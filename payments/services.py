@@ -14,13 +14,13 @@ from typing import Any
 
 from django.conf import settings
 from django.db import IntegrityError, InterfaceError, OperationalError, transaction
-from django.db.models import F, Q, QuerySet
+from django.db.models import Case, F, Q, QuerySet, When
 from django.db.models.functions import Now
 from django.utils import timezone
 
 from idempotency.engine import Phases
 from idempotency.sql import DatabaseNow, insert_unless_exists
-from ledger.exceptions import HoldNotActive
+from ledger.exceptions import AccountNotActive, HoldNotActive
 from ledger.models import JournalEntry
 from ledger.publishing import publish_within
 from ledger.services import (
@@ -1220,6 +1220,11 @@ def payment_redrive(*, payment_id: int) -> Payment:
     settled while this asked is brought to the provider's answer too (a charge
     refunded there is refunded here). An order that no longer takes money (paid
     another way, cancelled) has its charge cancelled instead of waited on.
+
+    An answer the ledger refuses to apply (the money cannot leave a frozen or closed
+    account) rolls back whole and is counted on the payment, which is parked after
+    PAYMENT_REDRIVE_MAX_ATTEMPTS of them (`_redrive_refused`); a parked payment is
+    left alone until staff re-drive it (`payment_redrive_parked`).
     """
     payment = Payment.objects.select_related("order").get(pk=payment_id)
     if payment.method != Payment.Method.PROVIDER or payment.status not in (
@@ -1227,17 +1232,77 @@ def payment_redrive(*, payment_id: int) -> Payment:
         Payment.Status.SUCCEEDED,
     ):
         return payment
-    if payment.status == Payment.Status.PENDING and not order_takes_payment(
-        payment.order
-    ):
-        payment_cancel_open_charges(order_id=payment.order_id)
-        return Payment.objects.get(pk=payment.pk)
-    charge = provider_charge_get(merchant_order_no=payment.order.merchant_order_no)
-    # Its pay request, resumed meanwhile, may have opened and recorded a charge
-    # since the provider answered: that payment stays pending.
-    return payment_apply_charge(
-        payment_id=payment.pk, charge=charge, recorded_txn_id=payment.provider_txn_id
+    if payment.redrive_parked_at is not None:
+        return payment  # waits for staff: `payment_redrive_parked`
+    try:
+        if payment.status == Payment.Status.PENDING and not order_takes_payment(
+            payment.order
+        ):
+            payment_cancel_open_charges(order_id=payment.order_id)
+            return Payment.objects.get(pk=payment.pk)
+        charge = provider_charge_get(merchant_order_no=payment.order.merchant_order_no)
+        # Its pay request, resumed meanwhile, may have opened and recorded a charge
+        # since the provider answered: that payment stays pending.
+        return payment_apply_charge(
+            payment_id=payment.pk,
+            charge=charge,
+            recorded_txn_id=payment.provider_txn_id,
+        )
+    except AccountNotActive as refused:
+        return _redrive_refused(payment.pk, refused)
+
+
+def _redrive_refused(payment_id: int, refused: AccountNotActive) -> Payment:
+    """Count a re-drive the ledger refused (its transaction rolled back, nothing
+    of the answer applied), keep the error for staff, and park the payment after
+    PAYMENT_REDRIVE_MAX_ATTEMPTS of them: `payments_stuck` no longer picks it, so
+    beat stops asking the provider every rotation about a payment whose answer
+    cannot be applied until staff fix the cause (an account frozen or closed).
+    One conditional update of a payment not parked already, so re-drives racing
+    each other count each refusal and park it once."""
+    error = f"{type(refused).__name__} {refused.code}: {refused}"
+    last = settings.PAYMENT_REDRIVE_MAX_ATTEMPTS - 1  # attempts before this one
+    Payment.objects.filter(pk=payment_id, redrive_parked_at__isnull=True).update(
+        redrive_attempts=F("redrive_attempts") + 1,
+        redrive_error=error,
+        redrive_parked_at=Case(When(redrive_attempts__gte=last, then=Now())),
     )
+    payment = Payment.objects.get(pk=payment_id)
+    if payment.redrive_parked_at is not None:
+        logger.error(
+            "payment %s parked after %d refused re-drives: %s",
+            payment_id,
+            payment.redrive_attempts,
+            error,
+        )
+    else:
+        logger.warning(
+            "the re-drive of payment %s was refused (attempt %d): %s",
+            payment_id,
+            payment.redrive_attempts,
+            error,
+        )
+    return payment
+
+
+def payment_redrive_parked(*, payment_id: int) -> tuple[Payment, bool]:
+    """Re-drive a parked payment again, now, once: staff fixed the cause (unfroze
+    the merchant's account). Returns (payment, whether it was parked and so
+    re-driven).
+
+    Never inside a transaction (the provider call). Unparking is one conditional
+    update of a parked payment, with a fresh budget of attempts, so a second press,
+    or two staff members racing, find it no longer parked and do nothing; the
+    services the re-drive applies the answer through move the money once in any
+    case. Refused again, the refusal is counted as a first attempt, and beat
+    re-drives it until it is parked again.
+    """
+    unparked = Payment.objects.filter(
+        pk=payment_id, redrive_parked_at__isnull=False
+    ).update(redrive_parked_at=None, redrive_attempts=0)
+    if not unparked:
+        return Payment.objects.get(pk=payment_id), False
+    return payment_redrive(payment_id=payment_id), True
 
 
 def payments_stuck(*, older_than_seconds: int, limit: int = 100) -> list[int]:
@@ -1255,6 +1320,8 @@ def payments_stuck(*, older_than_seconds: int, limit: int = 100) -> list[int]:
                 method=Payment.Method.PROVIDER,
                 status=Payment.Status.PENDING,
                 created_at__lt=cutoff,
+                # Parked: staff re-drive it once its cause is fixed.
+                redrive_parked_at__isnull=True,
             )
             # Two re-drives at once (a beat's run overlapping the next) share the
             # work instead of both asking about the same payments.

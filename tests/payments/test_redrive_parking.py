@@ -1,0 +1,172 @@
+"""Beat's re-drive of a pending provider payment whose answer cannot be applied is
+parked for staff after PAYMENT_REDRIVE_MAX_ATTEMPTS refusals, never asked about
+again every rotation, and applied once when staff re-drive it after fixing the cause.
+
+The cause here: the provider collected the charge and refunded it since (`REFUNDED`),
+and the refund cannot take the money out of the frozen merchant account. The
+simulator answers over real HTTP; the re-drive's task runs on PostgreSQL.
+"""
+
+import pytest
+from django.db import connection
+
+from ledger.invariants import ledger_report
+from ledger.models import JournalEntry
+from ledger.services import account_freeze, account_unfreeze, merchant_account
+from orders.models import Order
+from payments.models import Payment, Refund
+from payments.provider_client import provider_charge_refund
+from payments.services import payment_redrive_parked, payments_stuck
+from payments.tasks import payment_redrive_task, redrive_pending_payments
+from tests.conftest import run_in_threads
+from tests.helpers import customer, place_order
+from tests.payments.test_beat import settle_at_provider
+from tests.payments.test_redrive_outcomes import (
+    ASKED,
+    assert_refunded_as_at_the_provider,
+    stuck,
+)
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+
+MAX_ATTEMPTS = 3
+PAYMENTS = "/admin/payments/payment/"
+
+
+@pytest.fixture
+def refunded_on_frozen(provider, settings):
+    """A provider payment pending past the timeout, whose charge the payer paid
+    and the provider refunded since (its callback never came), while the
+    merchant's account is frozen."""
+    settings.PAYMENT_REDRIVE_MAX_ATTEMPTS = MAX_ATTEMPTS
+    user, api, _ = customer("kim")
+    payment = stuck(api, place_order(user, amount=ASKED))
+    settle_at_provider(payment.pay_url, "confirm")
+    provider_charge_refund(merchant_order_no=payment.order.merchant_order_no)
+    merchant = merchant_account(currency="CNY")
+    account_freeze(account_id=merchant.pk)
+    return payment, merchant
+
+
+def beat_rotation(payment: Payment) -> str:
+    """What beat's `redrive_pending_payments` does for the payment: pick it, and
+    run its task."""
+    assert payments_stuck(older_than_seconds=60) == [payment.pk]
+    return payment_redrive_task(payment.pk)
+
+
+def assert_untouched(payment: Payment) -> None:
+    payment.refresh_from_db()
+    assert payment.status == Payment.Status.PENDING
+    assert Order.objects.get(pk=payment.order_id).status == (
+        Order.Status.PENDING_PAYMENT
+    )
+    assert not Refund.objects.exists()
+    assert not JournalEntry.objects.filter(
+        reference__in=[f"provider:{payment.pk}", f"refund:{payment.pk}"]
+    ).exists()
+
+
+def park(payment: Payment) -> None:
+    for attempt in range(1, MAX_ATTEMPTS + 1):
+        assert beat_rotation(payment) == "pending"
+        payment.refresh_from_db()
+        assert payment.redrive_attempts == attempt
+    assert payment.redrive_parked_at is not None
+
+
+def redrive_in_admin(admin_client, payment: Payment) -> list[str]:
+    response = admin_client.post(
+        PAYMENTS, {"action": "redrive", "_selected_action": [payment.pk]}, follow=True
+    )
+    assert response.status_code == 200
+    return [str(m) for m in response.context["messages"]]
+
+
+def test_a_refund_refused_by_a_frozen_merchant_is_parked(
+    refunded_on_frozen, admin_client
+):
+    payment, merchant = refunded_on_frozen
+    for attempt in range(1, MAX_ATTEMPTS):
+        assert beat_rotation(payment) == "pending"
+        payment.refresh_from_db()
+        assert (payment.redrive_attempts, payment.redrive_parked_at) == (attempt, None)
+        assert "AccountNotActive account_not_active" in payment.redrive_error
+        assert_untouched(payment)
+    assert beat_rotation(payment) == "pending"
+    payment.refresh_from_db()
+    assert payment.redrive_attempts == MAX_ATTEMPTS
+    assert payment.redrive_parked_at is not None
+    assert f"Account {merchant.pk} is frozen" in payment.redrive_error
+
+    # Parked: beat no longer picks it, and its task sent late changes nothing more.
+    assert payments_stuck(older_than_seconds=60) == []
+    assert redrive_pending_payments() == 0
+    assert payment_redrive_task(payment.pk) == "pending"
+    payment.refresh_from_db()
+    assert payment.redrive_attempts == MAX_ATTEMPTS
+    assert_untouched(payment)
+
+    # Visible to staff: the admin's filter and column, and check_ledger's warning.
+    page = admin_client.get(f"{PAYMENTS}?redrive_parked_at__isnull=False")
+    assert page.status_code == 200
+    body = page.content.decode()
+    assert f"Account {merchant.pk} is frozen" in body
+    assert f"/admin/payments/payment/{payment.pk}/change/" in body
+    unparked = admin_client.get(f"{PAYMENTS}?redrive_parked_at__isnull=True")
+    assert f"/admin/payments/payment/{payment.pk}/change/" not in (
+        unparked.content.decode()
+    )
+    report = ledger_report()
+    assert report["ok"], report["violations"]
+    assert report["warnings"] == [
+        f"payment {payment.pk} (order {payment.order.merchant_order_no}) parked "
+        f"after {MAX_ATTEMPTS} refused re-drives: {payment.redrive_error}"
+    ]
+
+
+def test_staff_redrive_it_once_the_account_is_unfrozen(
+    refunded_on_frozen, admin_client
+):
+    payment, merchant = refunded_on_frozen
+    park(payment)
+    # Re-driven too early (still frozen): refused again, counted as a first
+    # attempt, and beat takes it from there until it is parked again.
+    messages = redrive_in_admin(admin_client, payment)
+    assert any(f"Account {merchant.pk} is frozen" in m for m in messages), messages
+    assert messages[-1] == "Re-drive: 1 failed again.", messages
+    payment.refresh_from_db()
+    assert (payment.redrive_attempts, payment.redrive_parked_at) == (1, None)
+    assert_untouched(payment)
+    for _ in range(MAX_ATTEMPTS - 1):
+        assert beat_rotation(payment) == "pending"
+    payment.refresh_from_db()
+    assert payment.redrive_parked_at is not None
+
+    account_unfreeze(account_id=merchant.pk)
+    assert redrive_in_admin(admin_client, payment) == ["Re-drive: 1 re-driven."]
+    assert_refunded_as_at_the_provider(payment)
+    # Pressed again: not parked any more, nothing happens; beat has nothing to do.
+    assert redrive_in_admin(admin_client, payment) == [
+        "Re-drive: 1 skipped (not parked)."
+    ]
+    assert payments_stuck(older_than_seconds=60) == []
+    assert_refunded_as_at_the_provider(payment)
+
+
+def test_racing_staff_redrive_it_once(refunded_on_frozen):
+    payment, merchant = refunded_on_frozen
+    park(payment)
+    account_unfreeze(account_id=merchant.pk)
+
+    def redrive(i: int) -> bool:
+        if i == 0:  # a late task of beat's: a no-op while parked, and either way
+            # the services it applies the answer through move the money once
+            payment_redrive_task(payment.pk)
+            return False
+        return payment_redrive_parked(payment_id=payment.pk)[1]
+
+    results = run_in_threads(4, redrive)
+    assert sorted(results) == [False, False, False, True], results
+    assert_refunded_as_at_the_provider(payment)
+    connection.close()
