@@ -632,10 +632,22 @@ def _lock(payment_id: int) -> tuple[Order, Payment]:
 AMOUNT_MISMATCH = "amount_mismatch"
 # The refund reason of a payment whose charge the provider says it refunded.
 REFUNDED_AT_PROVIDER = "refunded_at_provider"
+# The refund reasons of a charge that settled for an order no longer taking money.
+ORDER_ALREADY_PAID = "order_already_paid"
+ORDER_AUTHORIZED = "order_authorized"
+ORDER_CANCELLED = "order_cancelled"
 # The reasons only the system gives, when the provider's answer forces a refund: a
 # refund someone asks for (the API, the back office) never carries one, so the
 # journal and the back office tell the two apart.
-RESERVED_REFUND_REASONS = frozenset({AMOUNT_MISMATCH, REFUNDED_AT_PROVIDER})
+RESERVED_REFUND_REASONS = frozenset(
+    {
+        AMOUNT_MISMATCH,
+        REFUNDED_AT_PROVIDER,
+        ORDER_ALREADY_PAID,
+        ORDER_AUTHORIZED,
+        ORDER_CANCELLED,
+    }
+)
 
 
 def refund_reason_is_reserved(reason: str) -> bool:
@@ -765,11 +777,11 @@ def payment_settle(
             reason = (
                 AMOUNT_MISMATCH
                 if mismatch
-                else "order_already_paid"
+                else ORDER_ALREADY_PAID
                 if order.is_paid
-                else "order_authorized"
+                else ORDER_AUTHORIZED
                 if order.status == Order.Status.AUTHORIZED
-                else "order_cancelled"
+                else ORDER_CANCELLED
             )
             _refund_locked(
                 order=order, payment=payment, reason=reason, credited_id=merchant.pk

@@ -39,6 +39,9 @@ RESERVED = [
     "Refunded_At_Provider",
     "  amount_mismatch  ",
     "\trefunded_at_provider\n",
+    "order_already_paid",
+    "Order_Authorized",
+    " order_cancelled",
     # Full-width letters after an ideographic space.
     "\u3000" + "".join(chr(ord(c) + 0xFEE0) for c in "AMOUNT_MISMATCH"),
 ]
