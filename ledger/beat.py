@@ -9,6 +9,17 @@ expired (its holder died, hangs or lost the database), reloads the schedule with
 times the old leader last sent each task (saved after every send) and carries on
 where it stopped. A leader that cannot renew before its lease ends stops sending.
 
+A send is not one step: Celery publishes with retries (`task_publish_retry_policy`),
+and each try may wait on the broker's socket (connecting, each answer) up to its
+timeout. Against a broker that never answers a send took about 25 s, most of a 30 s
+lease: a leader that started one late in its lease went on trying after the lease
+had passed to another beat, and both sent. So the leader starts a try, the first or
+a retry, only while its lease has `BEAT_PUBLISH_TRY_SECONDS` (the longest one try can
+take) and a tenth of the lease left, renewing it first when less is left; if it
+cannot, it gives the send up (logged; the task goes again at its next run) before
+the lease ends. A leader whose database answers keeps the lead through a frozen
+broker; one that loses it stops trying before another beat can take over.
+
 Each periodic task stays safe if two ran all the same (a leader that froze mid-send
 and woke after the take-over, or a schedule saved a moment before a crash): they are
 batch deletes, conditional updates and re-drives of work that is itself idempotent.
@@ -28,6 +39,10 @@ logger = logging.getLogger(__name__)
 LEASE_NAME = "beat"
 
 
+class LeadEnding(Exception):
+    """The lead may end before another try of a send would: the send is given up."""
+
+
 class LeaderScheduler(DatabaseScheduler):
     """A `DatabaseScheduler` whose `tick()` sends only while it leads."""
 
@@ -43,16 +58,43 @@ class LeaderScheduler(DatabaseScheduler):
     def _seconds(self) -> float:
         return float(settings.BEAT_LEASE_SECONDS)
 
+    @property
+    def _needed(self) -> float:
+        """How much of the lease must be left to start one try of a send: the try,
+        and a tenth of the lease (the pause before a retry, a slow renewal)."""
+        return float(settings.BEAT_PUBLISH_TRY_SECONDS) + self._seconds / 10
+
     def setup_schedule(self) -> None:
         # Only the leader writes the schedule (from CELERY_BEAT_SCHEDULE) to the
         # database; a follower does it when it takes over.
         self._lead()
 
     def tick(self, *args: Any, **kwargs: Any) -> float:
+        # A tick sends at most one task, so this is a check before every send.
         if not self._lead():
             return self._seconds / 3
         interval = super().tick(*args, **kwargs)
         return min(interval, self._next_renewal())
+
+    def apply_entry(self, entry: Any, producer: Any = None) -> None:
+        """Send as the parent does, with a check of the lead before every retry (the
+        retry policy's errback runs before each one)."""
+        # The entry sent (the one `tick` reserved the next run from) only for this
+        # send; its options are never saved (a `ModelEntry` saves its run times).
+        options = entry.options
+        policy = {**options.get("retry_policy", {}), "errback": self._may_retry}
+        entry.options = {**options, "retry_policy": policy}
+        try:
+            super().apply_entry(entry, producer=producer)
+        finally:
+            entry.options = options
+
+    def _may_retry(self, error: Exception, interval: float) -> None:
+        if self._lease is None or not self._lead():
+            raise LeadEnding(f"not retrying a send after {error!r}: the lead may end")
+
+    def _left(self, lease: Lease) -> float:
+        return lease.deadline - steady()
 
     def _next_renewal(self) -> float:
         if self._lease is None:
@@ -60,10 +102,15 @@ class LeaderScheduler(DatabaseScheduler):
         return max(0.0, self._lease.sent + self._seconds / 3 - steady())
 
     def _lead(self) -> bool:
-        """Whether this beat leads now: renew the lease a third of the way in, or
-        try to take it. Never acts within a tenth of the lease of its end."""
+        """Whether this beat may start a try of a send now: it holds the lease,
+        renewed a third of the way in (or sooner, when less is left than a try
+        needs), and the lease outlasts the try."""
         lease = self._lease
-        if lease is not None and self._next_renewal() > 0:
+        if (
+            lease is not None
+            and self._next_renewal() > 0
+            and self._left(lease) >= self._needed
+        ):
             return True
         try:
             if lease is None:
@@ -72,11 +119,11 @@ class LeaderScheduler(DatabaseScheduler):
                     self._lease = taken
                     logger.info("beat: leading, as %s", taken.holder)
                     self._take_over()
-                return taken is not None
+                return taken is not None and self._left(taken) >= self._needed
             renewed = self._leases.renew(lease, seconds=self._seconds)
         except DatabaseError as error:
             logger.warning("beat: could not reach the lease: %s", error)
-            if lease is not None and steady() < lease.deadline - self._seconds / 10:
+            if lease is not None and self._left(lease) >= self._needed:
                 return True  # still ours for a while; try again next tick
             self._lease = None
             return False
@@ -85,7 +132,7 @@ class LeaderScheduler(DatabaseScheduler):
             self._lease = None
             return False
         self._lease = renewed
-        return True
+        return self._left(renewed) >= self._needed
 
     def _take_over(self) -> None:
         """Write the configured schedule, then read every entry as the previous

@@ -115,11 +115,13 @@ def dead_letters(connection: Connection, *, requeue: bool = False) -> list[dict]
 REDIS_SOCKET_TIMEOUT_SECONDS = 5.0
 
 
-def redis_transport_options(*, visibility_timeout: int) -> dict[str, Any]:
+def redis_transport_options(
+    *, visibility_timeout: int, socket_timeout: float = REDIS_SOCKET_TIMEOUT_SECONDS
+) -> dict[str, Any]:
     """The Redis transport's options: `visibility_timeout`, and a bound on every
     wait on the broker's socket (connect, then each command's answer)."""
     return {
         "visibility_timeout": visibility_timeout,
-        "socket_connect_timeout": REDIS_SOCKET_TIMEOUT_SECONDS,
-        "socket_timeout": REDIS_SOCKET_TIMEOUT_SECONDS,
+        "socket_connect_timeout": socket_timeout,
+        "socket_timeout": socket_timeout,
     }

@@ -38,6 +38,24 @@ def beat_lease(**kwargs: Any) -> list[checks.CheckMessage]:
     ]
 
 
+@checks.register()
+def beat_publish_try(**kwargs: Any) -> list[checks.CheckMessage]:
+    """The beat leader starts a try of a send only while its lease has the try and a
+    tenth of the lease left: a try as long as that would never be started. (A lease
+    under a second is refused on its own, E002.)"""
+    lease, try_seconds = settings.BEAT_LEASE_SECONDS, settings.BEAT_PUBLISH_TRY_SECONDS
+    if lease < 1 or 0 < try_seconds < lease * 0.9:
+        return []
+    return [
+        checks.Error(
+            f"BEAT_PUBLISH_TRY_SECONDS = {try_seconds!r}: must be more than 0 and "
+            f"under nine tenths of BEAT_LEASE_SECONDS ({lease!r}), or beat never "
+            "sends a task",
+            id="ledger.E004",
+        )
+    ]
+
+
 # Enough to spread any one merchant's payments over more row locks than there are
 # connections to take them.
 MERCHANT_SUB_ACCOUNTS_MAX = 1024

@@ -290,6 +290,11 @@ CELERY_PUBLISH_BREAK_SECONDS = float(env("CELERY_PUBLISH_BREAK_SECONDS", "5"))
 # holding the "beat" lease (BEAT_LEASE_SECONDS, by the database's clock) sends tasks.
 CELERY_BEAT_SCHEDULER = "ledger.beat:LeaderScheduler"
 BEAT_LEASE_SECONDS = env_int("BEAT_LEASE_SECONDS", 30)
+# The longest one try of beat's send can take: connecting, then the broker's answers
+# to the connection's set-up, its ping and the send, each bounded on Redis by a 5 s
+# socket timeout (ledger/broker.py). The leader starts a try only while its lease has
+# this and a tenth of the lease left (ledger/beat.py): so it stays under 9/10 of it.
+BEAT_PUBLISH_TRY_SECONDS = float(env("BEAT_PUBLISH_TRY_SECONDS", "20"))
 CELERY_BEAT_SCHEDULE = {
     # Every five minutes: a run lasts at most 60 s (resting ten times as long
     # as it works, to keep out of the writers' way), a fifth of a million keys or so.

@@ -5,21 +5,27 @@ redis-server of the test's own, stopped with SIGSTOP and resumed with SIGCONT.
 Beat must log the failure and send its schedule again once the broker answers, not
 wait on the socket until the kernel gives up; the worker, whose socket waits are
 bounded the same way, must still consume between its BRPOP polls and recover; and
-`make run` must refuse such a broker at start-up instead of hanging.
+`make run` must refuse such a broker at start-up instead of hanging. Two beats on a
+frozen broker: the leader keeps every try of a publish within its lease, so that the
+other never sends while it still does.
 """
 
 import os
 import signal
+import socket
 import subprocess
+import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 import redis
 from django.core.management.base import CommandError
 
+from idempotency.models import Lease
 from ledger.broker import REDIS_SOCKET_TIMEOUT_SECONDS, redis_transport_options
 from ledger.celery import app
 from ledger.management.commands.serve import check_broker
@@ -48,6 +54,47 @@ def queued(url: str) -> int:
     return redis.Redis.from_url(url, socket_timeout=5).llen("celery")
 
 
+@contextmanager
+def relay(url: str) -> Iterator[tuple[str, list[float]]]:
+    """A TCP relay in front of the broker at `url`: yields its own URL, and the
+    times (Unix seconds) at which a client of it sent anything to the broker."""
+    upstream = urlsplit(url)
+    listener = socket.create_server(("127.0.0.1", 0))
+    heard: list[float] = []
+    held: list[socket.socket] = []
+
+    def pipe(source: socket.socket, sink: socket.socket, record: bool) -> None:
+        with suppress(OSError):
+            while data := source.recv(65536):
+                if record:
+                    heard.append(time.time())
+                sink.sendall(data)
+        for end in (source, sink):
+            with suppress(OSError):
+                end.shutdown(socket.SHUT_RDWR)
+
+    def accept() -> None:
+        with suppress(OSError):
+            while True:
+                client = listener.accept()[0]
+                server = socket.create_connection(
+                    (upstream.hostname, upstream.port), timeout=5
+                )
+                server.settimeout(None)
+                held.extend((client, server))
+                for args in ((client, server, True), (server, client, False)):
+                    threading.Thread(target=pipe, args=args, daemon=True).start()
+
+    threading.Thread(target=accept, daemon=True).start()
+    try:
+        yield f"redis://127.0.0.1:{listener.getsockname()[1]}{upstream.path}", heard
+    finally:
+        listener.close()
+        for end in held:
+            with suppress(OSError):
+                end.close()
+
+
 def test_beat_logs_a_frozen_broker_and_sends_again_once_it_answers(
     tmp_path, on_postgres
 ):
@@ -74,6 +121,68 @@ def test_beat_logs_a_frozen_broker_and_sends_again_once_it_answers(
             assert beat.poll() is None, log.read_text()
         finally:
             stop(beat)
+
+
+def test_two_beats_never_send_at_once_while_the_broker_is_frozen(tmp_path, on_postgres):
+    """Each publish to a frozen broker fails after several tries, each one a socket
+    timeout long: about a lease in all (as 25 s against 30 in production). Every
+    try of the leader's, seen at a relay of its own, falls within a lease it holds
+    by the database's clock; it keeps the lead through the freeze (the database
+    answers) and sends again once the broker does."""
+    beats: dict[str, subprocess.Popen] = {}
+    with (
+        redis_server() as (url, server),
+        relay(url) as (url_a, heard_a),
+        relay(url) as (url_b, heard_b),
+    ):
+        heard = {"beat-a": heard_a, "beat-b": heard_b}
+        try:
+            beats["beat-a"] = start_beat(tmp_path, "beat-a", CELERY_BROKER_URL=url_a)
+            wait_for_log(tmp_path, "beat-a", "beat: leading")
+            beats["beat-b"] = start_beat(tmp_path, "beat-b", CELERY_BROKER_URL=url_b)
+            wait_for_log(tmp_path, "beat-b", "beat: Starting...")
+            wait_for(lambda: queued(url) > 0, 30, "a task sent")
+
+            leases: dict[str, tuple[float, float]] = {}  # holder: its lease, seen
+            with frozen(server):
+                since = time.time()
+                while time.time() - since < 15:  # five leases
+                    row = Lease.objects.get(name="beat")
+                    acquired, _ = leases.get(row.holder, (0.0, 0.0))
+                    leases[row.holder] = (
+                        acquired or row.acquired_at.timestamp(),
+                        row.expires_at.timestamp(),
+                    )
+                    time.sleep(0.02)
+                until = time.time()
+
+            sent = {
+                name: [t for t in times if since <= t <= until]
+                for name, times in heard.items()
+            }
+            assert sent["beat-a"], "the leader did not try to send while frozen"
+            outside = {
+                name: [
+                    t
+                    for t in times
+                    if not any(
+                        holder.startswith(f"{name}:") and start <= t <= end
+                        for holder, (start, end) in leases.items()
+                    )
+                ]
+                for name, times in sent.items()
+            }
+            assert outside == {"beat-a": [], "beat-b": []}, (outside, leases)
+            assert [h.partition(":")[0] for h in leases] == ["beat-a"], leases
+
+            redis.Redis.from_url(url, socket_timeout=5).delete("celery")
+            wait_for(lambda: queued(url) > 0, 30, "a task sent after the resume")
+            assert Lease.objects.get(name="beat").holder.startswith("beat-a:")
+            for name, beat in beats.items():
+                assert beat.poll() is None, (tmp_path / f"{name}.log").read_text()
+        finally:
+            for beat in beats.values():
+                stop(beat)
 
 
 def test_the_worker_consumes_between_its_polls_and_after_a_freeze(

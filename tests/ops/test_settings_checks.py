@@ -35,6 +35,10 @@ def test_the_shipped_settings_pass():
         ("LEDGER_DEFAULT_CURRENCY", "cny", "ledger.E001"),
         ("SNOWFLAKE_LEASE_SECONDS", 0, "idempotency.E006"),
         ("BEAT_LEASE_SECONDS", 0, "ledger.E002"),
+        # Beat would never start a send: a try must fit in 9/10 of the lease.
+        ("BEAT_LEASE_SECONDS", 20, "ledger.E004"),
+        ("BEAT_PUBLISH_TRY_SECONDS", 27.0, "ledger.E004"),
+        ("BEAT_PUBLISH_TRY_SECONDS", 0.0, "ledger.E004"),
     ],
 )
 def test_a_setting_that_weakens_a_guarantee_is_refused(settings, setting, value, code):
