@@ -115,6 +115,17 @@ def dead_letters(connection: Connection, *, requeue: bool = False) -> list[dict]
 REDIS_SOCKET_TIMEOUT_SECONDS = 5.0
 
 
+# How long a message a worker took stays invisible on a Redis broker before another
+# worker is handed it: until the worker acknowledges it, after the task ran. Redis has
+# no delayed delivery, so a task with a countdown waits unacknowledged in the worker
+# that took it until it is due; the longest countdown is the provider simulator's last
+# retry of a callback (2 h, PROVIDER_RETRY_SCHEDULE), then a run of at most 120 s.
+# Shorter, such a task would be handed to a second worker while the first still holds
+# it, and again after every timeout. What the length costs: an acknowledgement lost
+# in a broker freeze brings its (already run, idempotent) task back only this late.
+REDIS_VISIBILITY_TIMEOUT_SECONDS = 4 * 3600
+
+
 def redis_transport_options(
     *, visibility_timeout: int, socket_timeout: float = REDIS_SOCKET_TIMEOUT_SECONDS
 ) -> dict[str, Any]:

@@ -263,12 +263,14 @@ elif CELERY_BROKER_URL.partition(":")[0] in {"amqp", "amqps", "pyamqp"}:
     CELERY_BROKER_TRANSPORT_OPTIONS = {"confirm_publish": True}
 else:
     # Longer than any countdown or eta we use, or Redis would hand a delayed task to a
-    # second worker while the first one still waits to run it. Every socket wait is
-    # bounded, so a broker that never answers is an error in beat's log, not a hang.
-    from ledger.broker import redis_transport_options
+    # second worker while the first one still waits to run it (ledger/broker.py; the
+    # README's "Operations" says what it costs when an acknowledgement is lost). Every
+    # socket wait is bounded, so a broker that never answers is an error in beat's
+    # log, not a hang.
+    from ledger.broker import REDIS_VISIBILITY_TIMEOUT_SECONDS, redis_transport_options
 
     CELERY_BROKER_TRANSPORT_OPTIONS = redis_transport_options(
-        visibility_timeout=4 * 3600
+        visibility_timeout=REDIS_VISIBILITY_TIMEOUT_SECONDS
     )
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True

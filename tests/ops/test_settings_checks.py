@@ -9,6 +9,9 @@ from pathlib import Path
 import pytest
 from django.core import checks
 
+from ledger.broker import REDIS_VISIBILITY_TIMEOUT_SECONDS
+from payments.tasks import RETRY
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -44,6 +47,14 @@ def test_the_shipped_settings_pass():
 def test_a_setting_that_weakens_a_guarantee_is_refused(settings, setting, value, code):
     setattr(settings, setting, value)
     assert refused() == [code]
+
+
+def test_the_redis_visibility_timeout_outlasts_every_countdown(settings):
+    """A delayed task waits unacknowledged in its worker on Redis: the visibility
+    timeout must outlast the longest countdown and the run after it, or a second
+    worker would be handed it while the first still holds it."""
+    longest = max(max(settings.PROVIDER_RETRY_SCHEDULE), RETRY["retry_backoff_max"])
+    assert longest + settings.CELERY_TASK_TIME_LIMIT < REDIS_VISIBILITY_TIMEOUT_SECONDS
 
 
 @pytest.mark.parametrize(
