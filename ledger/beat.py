@@ -14,11 +14,12 @@ and each try may wait on the broker's socket (connecting, each answer) up to its
 timeout. Against a broker that never answers a send took about 25 s, most of a 30 s
 lease: a leader that started one late in its lease went on trying after the lease
 had passed to another beat, and both sent. So the leader starts a try, the first or
-a retry, only while its lease has `BEAT_PUBLISH_TRY_SECONDS` (the longest one try can
-take) and a tenth of the lease left, renewing it first when less is left; if it
-cannot, it gives the send up (logged; the task goes again at its next run) before
-the lease ends. A leader whose database answers keeps the lead through a frozen
-broker; one that loses it stops trying before another beat can take over.
+a retry (of the send, or of connecting for the first one), only while its lease has
+`BEAT_PUBLISH_TRY_SECONDS` (the longest one try can take), the pause before it and a
+tenth of the lease left, renewing it first when less is left; if it cannot, it gives
+the send up (logged; the task goes again at its next run) before the lease ends. A
+leader whose database answers keeps the lead through a frozen broker; one that loses
+it stops trying before another beat can take over.
 
 Each periodic task stays safe if two ran all the same (a leader that froze mid-send
 and woke after the take-over, or a schedule saved a moment before a crash): they are
@@ -40,7 +41,7 @@ LEASE_NAME = "beat"
 
 
 class LeadEnding(Exception):
-    """The lead may end before another try of a send would: the send is given up."""
+    """The lead may end before another try would (its pause included): not made."""
 
 
 class LeaderScheduler(DatabaseScheduler):
@@ -61,7 +62,7 @@ class LeaderScheduler(DatabaseScheduler):
     @property
     def _needed(self) -> float:
         """How much of the lease must be left to start one try of a send: the try,
-        and a tenth of the lease (the pause before a retry, a slow renewal)."""
+        and a tenth of the lease (a slow renewal, the clocks' drift)."""
         return float(settings.BEAT_PUBLISH_TRY_SECONDS) + self._seconds / 10
 
     def setup_schedule(self) -> None:
@@ -73,8 +74,34 @@ class LeaderScheduler(DatabaseScheduler):
         # A tick sends at most one task, so this is a check before every send.
         if not self._lead():
             return self._seconds / 3
+        if "producer" not in self.__dict__:
+            # The first send connects (Celery's `producer`, retried for as long as
+            # the broker refuses): do it before the check, not between it and the
+            # send.
+            try:
+                self.producer  # noqa: B018
+            except LeadEnding as error:
+                logger.error("beat: not connected to the broker: %s", error)
+                return self._seconds / 3
+            if not self._lead():
+                return self._seconds / 3
         interval = super().tick(*args, **kwargs)
         return min(interval, self._next_renewal())
+
+    def _ensure_connected(self) -> Any:
+        """Connect as the parent does, with a check of the lead before every retry."""
+
+        def retry(error: Exception, interval: float) -> None:
+            self._may_retry(error, interval)
+            logger.error(
+                "beat: Connection error: %s. Trying again in %s seconds...",
+                error,
+                interval,
+            )
+
+        return self.connection.ensure_connection(
+            retry, self.app.conf.broker_connection_max_retries
+        )
 
     def apply_entry(self, entry: Any, producer: Any = None) -> None:
         """Send as the parent does, with a check of the lead before every retry (the
@@ -90,8 +117,9 @@ class LeaderScheduler(DatabaseScheduler):
             entry.options = options
 
     def _may_retry(self, error: Exception, interval: float) -> None:
-        if self._lease is None or not self._lead():
-            raise LeadEnding(f"not retrying a send after {error!r}: the lead may end")
+        """kombu's errback before a retry, after a pause of `interval` seconds."""
+        if self._lease is None or not self._lead(pause=interval):
+            raise LeadEnding(f"no retry after {error!r}: the lead may end first")
 
     def _left(self, lease: Lease) -> float:
         return lease.deadline - steady()
@@ -101,15 +129,16 @@ class LeaderScheduler(DatabaseScheduler):
             return 0
         return max(0.0, self._lease.sent + self._seconds / 3 - steady())
 
-    def _lead(self) -> bool:
-        """Whether this beat may start a try of a send now: it holds the lease,
-        renewed a third of the way in (or sooner, when less is left than a try
-        needs), and the lease outlasts the try."""
+    def _lead(self, pause: float = 0.0) -> bool:
+        """Whether this beat may start a try of a send after `pause` seconds: it
+        holds the lease, renewed a third of the way in (or sooner, when less is
+        left than the pause and a try need), and the lease outlasts both."""
+        needed = pause + self._needed
         lease = self._lease
         if (
             lease is not None
             and self._next_renewal() > 0
-            and self._left(lease) >= self._needed
+            and self._left(lease) >= needed
         ):
             return True
         try:
@@ -119,20 +148,19 @@ class LeaderScheduler(DatabaseScheduler):
                     self._lease = taken
                     logger.info("beat: leading, as %s", taken.holder)
                     self._take_over()
-                return taken is not None and self._left(taken) >= self._needed
+                return taken is not None and self._left(taken) >= needed
             renewed = self._leases.renew(lease, seconds=self._seconds)
         except DatabaseError as error:
             logger.warning("beat: could not reach the lease: %s", error)
-            if lease is not None and self._left(lease) >= self._needed:
-                return True  # still ours for a while; try again next tick
-            self._lease = None
-            return False
+            if lease is not None and self._left(lease) < self._needed:
+                self._lease = None  # too little left to act on: as good as lost
+            return lease is not None and self._left(lease) >= needed
         if renewed is None:
             logger.warning("beat: lost the lead; another beat leads now")
             self._lease = None
             return False
         self._lease = renewed
-        return self._left(renewed) >= self._needed
+        return self._left(renewed) >= needed
 
     def _take_over(self) -> None:
         """Write the configured schedule, then read every entry as the previous

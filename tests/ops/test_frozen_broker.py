@@ -33,7 +33,7 @@ from tests.helpers import wait_for
 from tests.ops.test_beat_leader import start_beat, wait_for_log
 from tests.payments.test_broker_outage import silent_broker
 from tests.servers import redis_server, stop
-from tests.workers import celery_worker, point_producer_at
+from tests.workers import celery_worker, point_producer_at, process_env
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
@@ -54,45 +54,68 @@ def queued(url: str) -> int:
     return redis.Redis.from_url(url, socket_timeout=5).llen("celery")
 
 
-@contextmanager
-def relay(url: str) -> Iterator[tuple[str, list[float]]]:
-    """A TCP relay in front of the broker at `url`: yields its own URL, and the
-    times (Unix seconds) at which a client of it sent anything to the broker."""
-    upstream = urlsplit(url)
-    listener = socket.create_server(("127.0.0.1", 0))
-    heard: list[float] = []
-    held: list[socket.socket] = []
+class Relay:
+    """A TCP relay in front of a server: `url` is the server's URL with the relay's
+    port; `heard` the times (Unix seconds) at which a client sent anything through
+    it; `cut()` drops every connection and refuses the next ones (a lost network)."""
 
-    def pipe(source: socket.socket, sink: socket.socket, record: bool) -> None:
+    def __init__(self, url: str) -> None:
+        self.upstream = urlsplit(url)
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        port = self.listener.getsockname()[1]
+        self.url = self.upstream._replace(
+            netloc=self.upstream.netloc.replace(f":{self.upstream.port}", f":{port}")
+        ).geturl()
+        self.heard: list[float] = []
+        self.held: list[socket.socket] = []
+        self.is_cut = False
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        with suppress(OSError):
+            while True:
+                client = self.listener.accept()[0]
+                if self.is_cut:
+                    client.close()
+                    continue
+                server = socket.create_connection(
+                    (self.upstream.hostname, self.upstream.port), timeout=5
+                )
+                server.settimeout(None)
+                self.held.extend((client, server))
+                for args in ((client, server, True), (server, client, False)):
+                    threading.Thread(target=self._pipe, args=args, daemon=True).start()
+
+    def _pipe(self, source: socket.socket, sink: socket.socket, record: bool) -> None:
         with suppress(OSError):
             while data := source.recv(65536):
                 if record:
-                    heard.append(time.time())
+                    self.heard.append(time.time())
                 sink.sendall(data)
         for end in (source, sink):
             with suppress(OSError):
                 end.shutdown(socket.SHUT_RDWR)
 
-    def accept() -> None:
-        with suppress(OSError):
-            while True:
-                client = listener.accept()[0]
-                server = socket.create_connection(
-                    (upstream.hostname, upstream.port), timeout=5
-                )
-                server.settimeout(None)
-                held.extend((client, server))
-                for args in ((client, server, True), (server, client, False)):
-                    threading.Thread(target=pipe, args=args, daemon=True).start()
+    def cut(self) -> None:
+        self.is_cut = True
+        for end in self.held:
+            with suppress(OSError):
+                end.shutdown(socket.SHUT_RDWR)
 
-    threading.Thread(target=accept, daemon=True).start()
-    try:
-        yield f"redis://127.0.0.1:{listener.getsockname()[1]}{upstream.path}", heard
-    finally:
-        listener.close()
-        for end in held:
+    def close(self) -> None:
+        self.listener.close()
+        for end in self.held:
             with suppress(OSError):
                 end.close()
+
+
+@contextmanager
+def relay(url: str) -> Iterator[Relay]:
+    server = Relay(url)
+    try:
+        yield server
+    finally:
+        server.close()
 
 
 def test_beat_logs_a_frozen_broker_and_sends_again_once_it_answers(
@@ -123,23 +146,36 @@ def test_beat_logs_a_frozen_broker_and_sends_again_once_it_answers(
             stop(beat)
 
 
-def test_two_beats_never_send_at_once_while_the_broker_is_frozen(tmp_path, on_postgres):
+@pytest.mark.parametrize("leader_loses_database", [False, True])
+def test_two_beats_never_send_at_once_while_the_broker_is_frozen(
+    tmp_path, on_postgres, leader_loses_database
+):
     """Each publish to a frozen broker fails after several tries, each one a socket
     timeout long: about a lease in all (as 25 s against 30 in production). Every
-    try of the leader's, seen at a relay of its own, falls within a lease it holds
-    by the database's clock; it keeps the lead through the freeze (the database
-    answers) and sends again once the broker does."""
+    try of each beat, seen at a relay of its own, falls within a lease it holds by
+    the database's clock. The leader keeps the lead through the freeze while the
+    database answers it; if it loses the database too, it stops trying before its
+    lease ends and the other beat takes over. Whoever leads sends again once the
+    broker answers."""
     beats: dict[str, subprocess.Popen] = {}
     with (
         redis_server() as (url, server),
-        relay(url) as (url_a, heard_a),
-        relay(url) as (url_b, heard_b),
+        relay(url) as broker_a,
+        relay(url) as broker_b,
+        relay(process_env()["DATABASE_URL"]) as database_a,
     ):
-        heard = {"beat-a": heard_a, "beat-b": heard_b}
+        relays = {"beat-a": broker_a, "beat-b": broker_b}
         try:
-            beats["beat-a"] = start_beat(tmp_path, "beat-a", CELERY_BROKER_URL=url_a)
+            beats["beat-a"] = start_beat(
+                tmp_path,
+                "beat-a",
+                CELERY_BROKER_URL=broker_a.url,
+                DATABASE_URL=database_a.url,
+            )
             wait_for_log(tmp_path, "beat-a", "beat: leading")
-            beats["beat-b"] = start_beat(tmp_path, "beat-b", CELERY_BROKER_URL=url_b)
+            beats["beat-b"] = start_beat(
+                tmp_path, "beat-b", CELERY_BROKER_URL=broker_b.url
+            )
             wait_for_log(tmp_path, "beat-b", "beat: Starting...")
             wait_for(lambda: queued(url) > 0, 30, "a task sent")
 
@@ -147,6 +183,8 @@ def test_two_beats_never_send_at_once_while_the_broker_is_frozen(tmp_path, on_po
             with frozen(server):
                 since = time.time()
                 while time.time() - since < 15:  # five leases
+                    if leader_loses_database and time.time() - since > 2:
+                        database_a.cut()
                     row = Lease.objects.get(name="beat")
                     acquired, _ = leases.get(row.holder, (0.0, 0.0))
                     leases[row.holder] = (
@@ -157,8 +195,8 @@ def test_two_beats_never_send_at_once_while_the_broker_is_frozen(tmp_path, on_po
                 until = time.time()
 
             sent = {
-                name: [t for t in times if since <= t <= until]
-                for name, times in heard.items()
+                name: [t for t in broker.heard if since <= t <= until]
+                for name, broker in relays.items()
             }
             assert sent["beat-a"], "the leader did not try to send while frozen"
             outside = {
@@ -173,13 +211,17 @@ def test_two_beats_never_send_at_once_while_the_broker_is_frozen(tmp_path, on_po
                 for name, times in sent.items()
             }
             assert outside == {"beat-a": [], "beat-b": []}, (outside, leases)
-            assert [h.partition(":")[0] for h in leases] == ["beat-a"], leases
+            leader = "beat-b" if leader_loses_database else "beat-a"
+            assert [h.partition(":")[0] for h in leases] == sorted({"beat-a", leader})
+            if leader_loses_database:
+                assert sent["beat-b"], "the new leader did not try to send"
 
             redis.Redis.from_url(url, socket_timeout=5).delete("celery")
             wait_for(lambda: queued(url) > 0, 30, "a task sent after the resume")
-            assert Lease.objects.get(name="beat").holder.startswith("beat-a:")
-            for name, beat in beats.items():
-                assert beat.poll() is None, (tmp_path / f"{name}.log").read_text()
+            assert Lease.objects.get(name="beat").holder.startswith(f"{leader}:")
+            assert beats[leader].poll() is None, (
+                tmp_path / f"{leader}.log"
+            ).read_text()
         finally:
             for beat in beats.values():
                 stop(beat)
