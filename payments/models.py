@@ -91,8 +91,9 @@ class Payment(ProtectedStateMixin, ConcurrentTransitionMixin, models.Model):
         _("provider transaction"), max_length=64, blank=True, db_index=True
     )
     pay_url = models.URLField(_("pay URL"), max_length=500, blank=True)
-    # When beat last asked the provider how a long-pending provider payment stands
-    # (`payments_stuck` asks the least recently asked first).
+    # When beat last asked the provider how a provider payment stands, long pending
+    # (`payments_stuck`) or settled lately (`payments_to_reconcile`, which finds a
+    # charge refunded at the provider); each asks the least recently asked first.
     provider_asked_at = models.DateTimeField(
         _("provider last asked"), null=True, blank=True
     )
@@ -162,6 +163,12 @@ class Payment(ProtectedStateMixin, ConcurrentTransitionMixin, models.Model):
                 fields=["updated_at"],
                 condition=Q(charge_cancel="pending"),
                 name="payment_charge_cancel_pending",
+            ),
+            # Beat's reconciliation: provider payments settled within its window.
+            models.Index(
+                fields=["succeeded_at"],
+                condition=Q(method="provider", status="succeeded"),
+                name="payment_provider_settled",
             ),
         ]
 

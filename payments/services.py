@@ -1345,6 +1345,38 @@ def payments_stuck(*, older_than_seconds: int, limit: int = 100) -> list[int]:
     return ids
 
 
+def payments_to_reconcile(
+    *, settled_within_seconds: int, asked_every_seconds: int, limit: int = 100
+) -> list[int]:
+    """Ids of up to `limit` provider payments settled within the last
+    `settled_within_seconds` and not asked about for `asked_every_seconds`, the
+    least recently asked first, each stamped as asked now (by the database's
+    clock, as `payments_stuck`, which shares the stamp and the locking).
+
+    The provider's callbacks report a charge's success or failure, never a refund
+    made at the provider (its dashboard, a chargeback): only asking finds it. A run
+    that dies after its commit leaves its payments stamped; they come round again
+    `asked_every_seconds` later.
+    """
+    settled_since = DatabaseNow(plus=-timedelta(seconds=settled_within_seconds))
+    asked_before = DatabaseNow(plus=-timedelta(seconds=asked_every_seconds))
+    with transaction.atomic(savepoint=False):
+        ids = list(
+            Payment.objects.filter(
+                Q(provider_asked_at__isnull=True)
+                | Q(provider_asked_at__lt=asked_before),
+                method=Payment.Method.PROVIDER,
+                status=Payment.Status.SUCCEEDED,
+                succeeded_at__gte=settled_since,
+            )
+            .select_for_update(skip_locked=True)
+            .order_by(F("provider_asked_at").asc(nulls_first=True), "pk")
+            .values_list("pk", flat=True)[:limit]
+        )
+        Payment.objects.filter(pk__in=ids).update(provider_asked_at=Now())
+    return ids
+
+
 def refunds_to_return(*, older_than_seconds: int, limit: int = 500) -> list[int]:
     """Ids of refunds still to be returned by the provider `older_than_seconds`
     after they were made: their task was lost, or the provider did not answer."""

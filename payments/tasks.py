@@ -67,9 +67,26 @@ def redrive_pending_payments() -> int:
     return len(ids)
 
 
+@shared_task
+def reconcile_settled_payments() -> int:
+    """Ask the provider about provider payments settled lately (a batch of the
+    least recently asked, each at most every PAYMENT_RECONCILE_EVERY_SECONDS), so
+    that a charge refunded at the provider is refunded here too; each is asked by
+    its own task, as a stuck one is."""
+    ids = services.payments_to_reconcile(
+        settled_within_seconds=settings.PAYMENT_RECONCILE_WINDOW_SECONDS,
+        asked_every_seconds=settings.PAYMENT_RECONCILE_EVERY_SECONDS,
+        limit=settings.PAYMENT_RECONCILE_BATCH,
+    )
+    for payment_id in ids:
+        payment_redrive_task.delay(payment_id)
+    return len(ids)
+
+
 @shared_task(**RETRY_PROVIDER)
 def payment_redrive_task(payment_id: int) -> str:
-    """Settle or fail one stuck payment from the provider's answer."""
+    """Bring one stuck or settled payment to the provider's answer: settle or fail
+    it, or refund it if the provider refunded its charge."""
     return services.payment_redrive(payment_id=payment_id).status
 
 

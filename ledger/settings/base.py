@@ -399,6 +399,17 @@ CELERY_BEAT_SCHEDULE["payments-redrive-pending"] = {
     "task": "payments.tasks.redrive_pending_payments",
     "schedule": 60.0,
 }
+# A charge refunded at the provider (its dashboard, a chargeback) is reported by no
+# callback: beat asks the provider about provider payments settled within the last
+# PAYMENT_RECONCILE_WINDOW_SECONDS, each at most every
+# PAYMENT_RECONCILE_EVERY_SECONDS, up to PAYMENT_RECONCILE_BATCH a run.
+PAYMENT_RECONCILE_WINDOW_SECONDS = env_int("PAYMENT_RECONCILE_WINDOW_SECONDS", 2592000)
+PAYMENT_RECONCILE_EVERY_SECONDS = env_int("PAYMENT_RECONCILE_EVERY_SECONDS", 3600)
+PAYMENT_RECONCILE_BATCH = env_int("PAYMENT_RECONCILE_BATCH", 100)
+CELERY_BEAT_SCHEDULE["payments-reconcile-settled"] = {
+    "task": "payments.tasks.reconcile_settled_payments",
+    "schedule": 60.0,
+}
 CELERY_BEAT_SCHEDULE["orders-cancel-expired"] = {
     "task": "payments.tasks.cancel_expired_orders",
     "schedule": 300.0,
