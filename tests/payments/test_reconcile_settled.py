@@ -23,6 +23,7 @@ from django.utils import timezone
 from ledger.invariants import ledger_report
 from ledger.models import JournalEntry
 from orders.models import Order
+from payments.checks import RECONCILE_SETTINGS, reconcile_settings_positive
 from payments.models import Payment, ProviderEvent, Refund
 from payments.provider.models import Charge
 from payments.provider.services import charge_refund
@@ -354,3 +355,10 @@ def test_beat_reconciles_every_minute(settings):
         "schedule": 60.0,
     }
 
+
+@pytest.mark.parametrize("name", RECONCILE_SETTINGS)
+def test_a_reconciliation_setting_of_zero_is_refused_at_start_up(settings, name):
+    assert reconcile_settings_positive() == []
+    setattr(settings, name, 0)
+    (error,) = reconcile_settings_positive()
+    assert error.id == "payments.E002" and name in error.msg
