@@ -7,7 +7,7 @@ class Migration(migrations.Migration):
     atomic = False  # CREATE INDEX CONCURRENTLY: payments go on while it builds
 
     dependencies = [
-        ("payments", "0014_shipment_cancelled"),
+        ("payments", "0015_payment_redrive_parking"),
     ]
 
     operations = [
