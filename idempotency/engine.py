@@ -121,8 +121,9 @@ Run = Callable[[Phases | None], HttpResponse]
 
 
 def in_flight() -> IdempotencyKeyInFlight:
-    """The refusal of a request whose key another request holds: 409, counted."""
-    metrics.count("in_flight")
+    """The refusal of a request whose key another request holds: 409 (counted by
+    `execute` when it answers it: a waiter may find the key busy many times and
+    still answer a replay)."""
     return IdempotencyKeyInFlight()
 
 
@@ -144,6 +145,7 @@ def execute(
         return _walk(call, run, phased=phased, taken=taken)
     except IdempotencyKeyInFlight:
         if wait <= 0:
+            metrics.count("in_flight")
             raise
     deadline = time.monotonic() + wait
     applied = {PREFERENCE_APPLIED: f"wait={wait}"}
@@ -160,6 +162,7 @@ def execute(
                 time.sleep(min(waiting.POLL_SECONDS, left))  # never a busy loop
                 continue
             busy.headers = {**busy.headers, **applied}
+            metrics.count("in_flight")
             raise
         response[PREFERENCE_APPLIED] = applied[PREFERENCE_APPLIED]
         return response

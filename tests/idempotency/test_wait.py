@@ -248,3 +248,24 @@ def test_a_wait_on_the_lock_ends_by_its_deadline_however_little_is_left(
 )
 def test_the_preference_is_read_as_the_contract_says(header, seconds):
     assert preferred_wait(header) == seconds
+
+
+def test_a_waiter_counts_one_outcome_what_it_answered(store, alice, key):
+    """`in_flight` counts the 409s answered: a waiter that got the first answer
+    counts one replay and no 409; one still in flight at its deadline, one 409
+    however often it looked."""
+    from tests.idempotency.test_engine import counted
+
+    body = {"amount": 5, "sleep": 2}
+    first = Background(lambda: post(alice, "/test/deposits", body, key))
+    first.start()
+    key_taken(key)
+    in_flight, replayed = counted("in_flight"), counted("replayed")
+    late = post(alice, "/test/deposits", body, key, prefer="wait=1")
+    assert late.status_code == 409
+    assert counted("in_flight") == in_flight + 1
+    waited = post(alice, "/test/deposits", body, key, prefer="wait=8")
+    assert waited.status_code == 201 and waited["Idempotent-Replayed"] == "true"
+    assert first.outcome().status_code == 201
+    assert counted("in_flight") == in_flight + 1
+    assert counted("replayed") == replayed + 1
