@@ -79,7 +79,9 @@ def send(client, path: str, raw: bytes, key: str, content_type="application/json
 
 
 @pytest.mark.parametrize("endpoint", ENDPOINTS)
-@pytest.mark.parametrize("refusal", ["malformed JSON", "schema", "media type"])
+@pytest.mark.parametrize(
+    "refusal", ["malformed JSON", "schema", "media type", "charset", "Latin-1"]
+)
 def test_a_refusal_of_the_form_stores_nothing_and_frees_the_key(
     alice, endpoint, refusal
 ):
@@ -90,6 +92,19 @@ def test_a_refusal_of_the_form_stores_nothing_and_frees_the_key(
         "malformed JSON": (b'{"method": ', "application/json", 400),
         "schema": (json.dumps(target.bad_schema).encode(), "application/json", 400),
         "media type": (b"method=balance", "text/plain", 415),
+        # JSON is UTF-8: the key's fingerprint reads the bytes so, and a body read
+        # otherwise would be another request under it (the same bytes in Latin-1
+        # mean other text) or the same one under another (key order would count).
+        "charset": (
+            json.dumps(target.good).encode("utf-16"),
+            "application/json; charset=utf-16",
+            415,
+        ),
+        "Latin-1": (
+            json.dumps(target.good).encode(),
+            "application/json; charset=iso-8859-1",
+            415,
+        ),
     }[refusal]
     for _ in range(2):  # refused afresh each time, never replayed
         refused = send(client, target.path, raw, key, content_type)
