@@ -28,10 +28,16 @@ def _empty_tables_by_delete() -> None:
     foreign keys are checked by triggers too (every table ends empty). That needs a
     superuser (the README's `postgres`); any other role keeps TRUNCATE. Only this
     process flushes: the servers the tests start are untouched.
+
+    The content types and permissions stay: the flush's post_migrate signal would
+    make the same rows again (`create_permissions`, some 150 INSERTs, was most of a
+    flush's time), and finding them all there it only reads them. The tables that
+    grant permissions (users', groups') are emptied as before.
     """
     from django.db.backends.postgresql.operations import DatabaseOperations
 
     truncate = DatabaseOperations.sql_flush
+    kept = {"django_content_type", "auth_permission"}
     superuser: dict[str, bool] = {}
 
     def is_superuser(ops: DatabaseOperations) -> bool:
@@ -61,6 +67,7 @@ def _empty_tables_by_delete() -> None:
                 f"{style.SQL_KEYWORD('DELETE FROM')} "
                 f"{style.SQL_FIELD(self.quote_name(table))};"
                 for table in tables
+                if table not in kept
             ),
         ]
 
