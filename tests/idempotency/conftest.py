@@ -1,4 +1,5 @@
 import uuid
+from collections.abc import Callable, Iterator
 
 import pytest
 
@@ -29,3 +30,15 @@ def no_redis(settings):
 def needs_redis(settings):
     if not settings.REDIS_URL:
         pytest.skip("needs Redis (the embedded SQLite mode runs without it)")
+
+
+@pytest.fixture
+def release() -> Iterator[Callable[[], None]]:
+    """Ends at once the `sleep` of the test views' requests running in this
+    process (`tests.idempotency.views.pause`): the test lets its slow request finish
+    when it has seen what it waits for."""
+    from tests.idempotency.views import released
+
+    released.clear()
+    yield released.set
+    released.clear()

@@ -86,8 +86,8 @@ def test_a_waiter_behind_a_request_that_failed_takes_it_over_at_once(store, alic
     assert alice.deposits() == 1
 
 
-def test_still_in_flight_at_the_deadline_is_409(store, alice, key):
-    body = {"amount": 5, "sleep": 3}
+def test_still_in_flight_at_the_deadline_is_409(store, alice, key, release):
+    body = {"amount": 5, "sleep": 60}  # until released
     first = Background(lambda: post(alice, "/test/deposits", body, key))
     first.start()
     key_taken(key)
@@ -99,12 +99,13 @@ def test_still_in_flight_at_the_deadline_is_409(store, alice, key):
     # It did wait, and says so; the poll hint stays.
     assert second["Preference-Applied"] == "wait=1"
     assert second["Retry-After"] == "1"
+    release()
     assert first.outcome().status_code == 201
     assert alice.deposits() == 1
 
 
-def test_without_a_preference_a_duplicate_is_409_at_once(store, alice, key):
-    body = {"amount": 5, "sleep": 5}
+def test_without_a_preference_a_duplicate_is_409_at_once(store, alice, key, release):
+    body = {"amount": 5, "sleep": 60}  # until released
     first = Background(lambda: post(alice, "/test/deposits", body, key))
     first.start()
     key_taken(key)
@@ -114,6 +115,7 @@ def test_without_a_preference_a_duplicate_is_409_at_once(store, alice, key):
         assert answer.status_code == 409, (prefer, answer.content)
         assert time.monotonic() - began < 2  # not waited (a busy machine is slow)
         assert "Preference-Applied" not in answer
+    release()
     assert first.outcome().status_code == 201
     assert alice.deposits() == 1
 
@@ -218,7 +220,7 @@ def test_a_wait_on_the_lock_ends_by_its_deadline_however_little_is_left(
             )
         )
         waiter.start()
-        time.sleep(3)  # the holder runs on
+        waiter.join(timeout=3)  # the holder runs on, for 3 s unless the waiter ends
         holder.rollback()
     began, _, ended = waiter.outcome()
     assert ended - began < 1, ended - began

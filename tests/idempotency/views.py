@@ -3,7 +3,7 @@
 Counting journal entries therefore counts executions that took effect.
 """
 
-import time
+import threading
 import uuid
 
 from django.conf import settings
@@ -24,6 +24,15 @@ from ledger.models import JournalEntry
 from ledger.services import ledger_deposit, wallet_get_or_create
 
 crashed_once: set[str] = set()
+
+# A request's `sleep` ends early once a test of this process sets it (`release`
+# in tests/idempotency/conftest.py): a slow request then stays in flight exactly
+# as long as the test needs it to, not for a guess at a busy machine's worst case.
+released = threading.Event()
+
+
+def pause(seconds: float) -> None:
+    released.wait(seconds)
 
 
 class DepositInput(serializers.Serializer):
@@ -62,7 +71,7 @@ class DepositApi(APIView):
         data = DepositInput(data=request.data)
         data.is_valid(raise_exception=True)
         entry = _deposit(request, data.validated_data["amount"], f"t:{uuid.uuid4()}")
-        time.sleep(data.validated_data["sleep"])
+        pause(data.validated_data["sleep"])
         fail = data.validated_data.get("fail")
         key = request.headers.get("Idempotency-Key", "")
         if fail == "refuse":
@@ -93,7 +102,7 @@ class PhasedDepositApi(APIView):
                 ).pk
                 idem.data["amount"] = amount
         if not idem.resumed:  # the outside call hangs the first time only
-            time.sleep(data.validated_data["sleep"])
+            pause(data.validated_data["sleep"])
             if data.validated_data.get("fail") == "crash":  # and then fails
                 raise RuntimeError("the outside call failed")
         return _created(_after_outside_call(idem), amount)
