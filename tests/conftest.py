@@ -29,15 +29,23 @@ def _empty_tables_by_delete() -> None:
     superuser (the README's `postgres`); any other role keeps TRUNCATE. Only this
     process flushes: the servers the tests start are untouched.
 
-    The content types and permissions stay: the flush's post_migrate signal would
-    make the same rows again (`create_permissions`, some 150 INSERTs, was most of a
-    flush's time), and finding them all there it only reads them. The tables that
+    The content types and permissions stay: the flush's post_migrate signal made
+    the same rows again (`create_permissions`, some 150 INSERTs, and some 70 reads:
+    most of a flush's time). After such a flush the signal goes to every receiver
+    but those two makers (the worker id lease is still forgotten). The tables that
     grant permissions (users', groups') are emptied as before.
     """
+    from django.contrib.auth.management import create_permissions
+    from django.contrib.contenttypes.management import create_contenttypes
+    from django.core.management.commands import flush
     from django.db.backends.postgresql.operations import DatabaseOperations
+    from django.db.models.signals import post_migrate
 
     truncate = DatabaseOperations.sql_flush
+    emit_post_migrate = flush.emit_post_migrate_signal
     kept = {"django_content_type", "auth_permission"}
+    kept_by: set[str] = set()  # the aliases whose last flush kept them
+    auth_uid = "django.contrib.auth.management.create_permissions"  # auth's apps.py
     superuser: dict[str, bool] = {}
 
     def is_superuser(ops: DatabaseOperations) -> bool:
@@ -60,6 +68,7 @@ def _empty_tables_by_delete() -> None:
                 reset_sequences=reset_sequences,
                 allow_cascade=allow_cascade,
             )
+        kept_by.add(self.connection.alias)
         # flush runs these in one transaction: SET LOCAL ends with it.
         return [
             "SET LOCAL session_replication_role = replica",
@@ -71,7 +80,21 @@ def _empty_tables_by_delete() -> None:
             ),
         ]
 
+    def emit_after_flush(verbosity: int, interactive: bool, db: str, **kwargs) -> None:
+        if db not in kept_by:
+            emit_post_migrate(verbosity, interactive, db, **kwargs)
+            return
+        kept_by.discard(db)
+        post_migrate.disconnect(create_permissions, dispatch_uid=auth_uid)
+        post_migrate.disconnect(create_contenttypes)
+        try:
+            emit_post_migrate(verbosity, interactive, db, **kwargs)
+        finally:
+            post_migrate.connect(create_contenttypes)
+            post_migrate.connect(create_permissions, dispatch_uid=auth_uid)
+
     DatabaseOperations.sql_flush = sql_flush  # type: ignore[method-assign]
+    flush.emit_post_migrate_signal = emit_after_flush
 
 
 @pytest.hookimpl(trylast=True)  # after pytest has torn down the session's fixtures
