@@ -21,10 +21,13 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 LEASE = 2  # seconds
 
 
-@pytest.fixture
-def server(tmp_path):
+@pytest.fixture(scope="module")
+def server(tmp_path_factory, django_db_setup, django_db_blocker):
+    """One server for the module: each test has its own customer and key (and the
+    database is flushed between tests); the worker a test kills is replaced by the
+    master, and a request sent meanwhile waits in the listen backlog for it."""
     with gunicorn(
-        tmp_path,
+        tmp_path_factory.mktemp("crash"),
         "tests.idempotency.server_settings",
         IDEMPOTENCY_LEASE_SECONDS=str(LEASE),
     ) as (url, master):
