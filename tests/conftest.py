@@ -38,11 +38,11 @@ def _empty_tables_by_delete() -> None:
     from django.contrib.auth.management import create_permissions
     from django.contrib.contenttypes.management import create_contenttypes
     from django.core.management.commands import flush
+    from django.core.management.sql import emit_post_migrate_signal
     from django.db.backends.postgresql.operations import DatabaseOperations
     from django.db.models.signals import post_migrate
 
     truncate = DatabaseOperations.sql_flush
-    emit_post_migrate = flush.emit_post_migrate_signal
     kept = {"django_content_type", "auth_permission"}
     kept_by: set[str] = set()  # the aliases whose last flush kept them
     auth_uid = "django.contrib.auth.management.create_permissions"  # auth's apps.py
@@ -82,19 +82,19 @@ def _empty_tables_by_delete() -> None:
 
     def emit_after_flush(verbosity: int, interactive: bool, db: str, **kwargs) -> None:
         if db not in kept_by:
-            emit_post_migrate(verbosity, interactive, db, **kwargs)
+            emit_post_migrate_signal(verbosity, interactive, db, **kwargs)
             return
         kept_by.discard(db)
         post_migrate.disconnect(create_permissions, dispatch_uid=auth_uid)
         post_migrate.disconnect(create_contenttypes)
         try:
-            emit_post_migrate(verbosity, interactive, db, **kwargs)
+            emit_post_migrate_signal(verbosity, interactive, db, **kwargs)
         finally:
             post_migrate.connect(create_contenttypes)
             post_migrate.connect(create_permissions, dispatch_uid=auth_uid)
 
     DatabaseOperations.sql_flush = sql_flush  # type: ignore[method-assign]
-    flush.emit_post_migrate_signal = emit_after_flush
+    flush.emit_post_migrate_signal = emit_after_flush  # type: ignore[attr-defined]
 
 
 @pytest.hookimpl(trylast=True)  # after pytest has torn down the session's fixtures
