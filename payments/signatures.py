@@ -22,8 +22,11 @@ from .models import CallbackNonce
 
 HEADER = "X-Provider-Signature"
 TOLERANCE_SECONDS = 300
-# A nonce is any 1..128 printable ASCII characters but a comma or a space.
-_PARTS = re.compile(r"^t=(\d{1,12}),n=([!-+\--~]{1,128}),v1=([0-9a-fA-F]{64})$")
+# Each part once, in this order, none empty. A nonce is any 1..128 printable ASCII
+# characters but a comma or a space. Matched whole (`fullmatch`: `$` would let a
+# line break follow) and in ASCII (`\d` would take any script's digits, which
+# `int()` reads as the same timestamp).
+_PARTS = re.compile(r"t=([0-9]{1,12}),n=([!-+\--~]{1,128}),v1=([0-9a-fA-F]{64})")
 
 
 def mac(secret: str, timestamp: int, nonce: str, body: bytes) -> str:
@@ -59,7 +62,7 @@ def nonce_purge_expired(*, batch: int = 1000) -> int:
 
 def signature_verify(*, header: str | None, body: bytes, secret: str) -> None:
     """Raise `CallbackSignatureInvalid` unless the header signs `body` freshly."""
-    match = _PARTS.match(header or "")
+    match = _PARTS.fullmatch(header or "")
     if match is None:
         raise CallbackSignatureInvalid("Missing or malformed X-Provider-Signature.")
     timestamp, nonce, given = int(match[1]), match[2], match[3].lower()

@@ -3,6 +3,8 @@
 The same paths through a real Celery worker are in `test_worker.py`.
 """
 
+import hashlib
+import hmac
 import time
 
 import pytest
@@ -220,6 +222,49 @@ def test_missing_or_malformed_signatures_are_401(payment, header):
     response = post_callback(event_body(payment), header=header)
     assert_problem(response, 401, "callback_signature_invalid")
     assert not ProviderEvent.objects.exists()
+
+
+def _signed_as_parsed(secret: str, t: str, n: str, body: bytes) -> str:
+    """The MAC a lenient parser would check for these parts: right for the body,
+    so only the header's form can refuse it."""
+    signed = f"{t}.{n}.".encode() + body
+    return hmac.new(secret.encode(), signed, hashlib.sha256).hexdigest()
+
+
+@pytest.mark.parametrize(
+    "form",
+    [
+        "t={t},n=,v1={v_empty}",  # an empty nonce
+        "t={t},v1={v_empty}",  # no nonce
+        "t=,n={n},v1={v_no_t}",  # an empty timestamp
+        "n={n},v1={v_no_t}",  # no timestamp
+        "t={t},n={n},v1=",  # an empty signature
+        "t={t},n={n}",  # no signature
+        "t={t},n={n},v1={v},v1={v}",  # a part twice
+        "t={t},n={n},n={n},v1={v}",
+        "t={t},t={t},n={n},v1={v}",
+        "t={t},n={n},v1={v},",  # a part left empty
+        "t={t},n={n},v1={v}\n",  # a line break after it
+        "t={t_arabic},n={n},v1={v}",  # digits, but not ASCII ones
+    ],
+)
+def test_a_header_with_a_part_empty_missing_or_repeated_is_401(payment, form, settings):
+    body = raw(event_body(payment))
+    secret = settings.PAYMENT_PROVIDER_SECRET
+    t, n = str(int(time.time())), "nonce-1"
+    header = form.format(
+        t=t,
+        n=n,
+        v=_signed_as_parsed(secret, t, n, body),
+        v_empty=_signed_as_parsed(secret, t, "", body),
+        v_no_t=_signed_as_parsed(secret, "", n, body),
+        t_arabic=t.translate(str.maketrans("0123456789", "٠١٢٣٤٥٦٧٨٩")),
+    )
+    for _ in range(2):  # refused every time, not accepted once
+        response = post_callback(body, header=header)
+        assert_problem(response, 401, "callback_signature_invalid")
+    assert not ProviderEvent.objects.exists()
+    assert not CallbackNonce.objects.exists()
 
 
 def test_a_401_names_how_to_authenticate(payment):
