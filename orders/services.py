@@ -254,6 +254,19 @@ def _order_take_stock(
     )
 
 
+# What an order is once it took each edge, for a refusal's detail ("it cannot be
+# shipped"): the edge's name is a verb, and "it cannot complete" says something else.
+_TRANSITION_DONE = {
+    "pay": "paid",
+    "authorize": "authorized",
+    "capture": "captured",
+    "ship": "shipped",
+    "complete": "completed",
+    "cancel": "cancelled",
+    "refund": "refunded",
+}
+
+
 def _order_transition(
     order_id: int,
     name: str,
@@ -275,7 +288,7 @@ def _order_transition(
             # once this leaves it.
             raise refusal(order)(
                 f"Order {order.merchant_order_no} is {order.status_name}; "
-                f"it cannot {name}."
+                f"it cannot be {_TRANSITION_DONE[name]}."
             )
         if before is not None:
             before(order)

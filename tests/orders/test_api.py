@@ -228,7 +228,10 @@ def test_cancel_an_order_and_replay_it(alice):
     again = client.post(url, format="json", headers={"Idempotency-Key": key})
     assert again.content == first.content and again["Idempotent-Replayed"] == "true"
     other = client.post(url, format="json", headers={"Idempotency-Key": new_key()})
-    assert_problem(other, 409, "order_not_cancellable")
+    body = assert_problem(other, 409, "order_not_cancellable")
+    assert body["detail"] == (
+        f"Order {order.merchant_order_no} is cancelled; it cannot be cancelled."
+    )
 
 
 def cancel(client, order, body: bytes, key: str):

@@ -16,6 +16,7 @@ from orders.exceptions import (
 )
 from orders.models import Order, PreOrder
 from orders.services import (
+    _TRANSITION_DONE,
     order_cancel,
     order_complete,
     order_create,
@@ -188,6 +189,30 @@ def test_forward_transitions_follow_the_declared_edges():
     assert order_complete(order_id=order.pk).status == Order.Status.COMPLETED
     with pytest.raises(OrderTransitionNotAllowed), transaction.atomic():
         order_complete(order_id=order.pk)
+
+
+def test_a_refused_transition_says_what_the_order_cannot_be():
+    order = place_order(UserFactory())
+    no = order.merchant_order_no
+    with pytest.raises(OrderTransitionNotAllowed) as refused, transaction.atomic():
+        order_ship(order_id=order.pk)
+    assert str(refused.value) == (
+        f"Order {no} is pending_payment; it cannot be shipped."
+    )
+    with pytest.raises(OrderTransitionNotAllowed) as refused, transaction.atomic():
+        order_complete(order_id=order.pk)
+    assert str(refused.value) == (
+        f"Order {no} is pending_payment; it cannot be completed."
+    )
+    order_cancel(order_id=order.pk)
+    with pytest.raises(OrderNotCancellable) as refused, transaction.atomic():
+        order_cancel(order_id=order.pk)
+    assert str(refused.value) == f"Order {no} is cancelled; it cannot be cancelled."
+
+
+def test_every_edge_of_an_order_has_a_refusal_that_reads_well():
+    edges = {t.name for t in Order().get_all_status_transitions()}
+    assert edges == set(_TRANSITION_DONE)
 
 
 def test_a_stale_instance_cannot_save_over_a_newer_state():
