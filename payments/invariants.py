@@ -164,10 +164,11 @@ def provider_payments_parked() -> list[str]:
     """Provider payments beat stopped re-driving after its re-drive was refused
     `PAYMENT_REDRIVE_MAX_ATTEMPTS` times (the provider's answer cannot be applied:
     an account frozen or closed). Staff fix the cause and re-drive them from the
-    admin (Payments, filter "re-drive parked")."""
-    from .models import Payment
+    admin (Payments, filter "re-drive parked") or with `manage.py
+    redrive_parked_payments`."""
+    from .selectors import payments_parked
 
-    parked = Payment.objects.filter(redrive_parked_at__isnull=False).values_list(
+    parked = payments_parked().values_list(
         "pk", "order__merchant_order_no", "redrive_attempts", "redrive_error"
     )
     return [

@@ -7,6 +7,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from .models import ProviderEvent
+from .selectors import payments_parked
 
 
 class InboxDepthCollector(Collector):
@@ -36,4 +37,22 @@ class InboxDepthCollector(Collector):
             "times; an operator must re-drive them.",
         )
         parked.add_metric([], counts["parked"])
+        yield parked
+
+
+class ParkedPaymentsCollector(Collector):
+    """Provider payments whose re-drive is parked for staff, counted when
+    Prometheus scrapes (through the partial index `payment_redrive_parked`)."""
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        try:
+            count = payments_parked().count()
+        except Exception:  # the database is down: say nothing rather than fail
+            return
+        parked = GaugeMetricFamily(
+            "payments_provider_payments_parked",
+            "Provider payments whose re-drive the ledger refused "
+            "PAYMENT_REDRIVE_MAX_ATTEMPTS times; staff must re-drive them.",
+        )
+        parked.add_metric([], count)
         yield parked

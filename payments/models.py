@@ -170,6 +170,13 @@ class Payment(ProtectedStateMixin, ConcurrentTransitionMixin, models.Model):
                 condition=Q(method="provider", status="succeeded"),
                 name="payment_provider_settled",
             ),
+            # `/metrics` counts the parked ones on every scrape; the admin's
+            # filter lists them.
+            models.Index(
+                fields=["redrive_parked_at"],
+                condition=Q(redrive_parked_at__isnull=False),
+                name="payment_redrive_parked",
+            ),
         ]
 
     def __str__(self) -> str:

@@ -17,6 +17,13 @@ def paid_orders_without_shipment() -> QuerySet[Order]:
     ).order_by("pk")
 
 
+def payments_parked() -> QuerySet[Payment]:
+    """Provider payments whose re-drive is parked for staff (the ledger refused its
+    answer PAYMENT_REDRIVE_MAX_ATTEMPTS times), oldest first; found through the
+    partial index `payment_redrive_parked`."""
+    return Payment.objects.filter(redrive_parked_at__isnull=False).order_by("pk")
+
+
 def payment_list(*, order: Order) -> QuerySet[Payment]:
     """The order's payments, newest first."""
     return Payment.objects.filter(order=order).order_by("-id")

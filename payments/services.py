@@ -1255,13 +1255,14 @@ def payment_redrive(*, payment_id: int) -> Payment:
         charge = provider_charge_get(merchant_order_no=payment.order.merchant_order_no)
         # Its pay request, resumed meanwhile, may have opened and recorded a charge
         # since the provider answered: that payment stays pending.
-        return payment_apply_charge(
+        applied = payment_apply_charge(
             payment_id=payment.pk,
             charge=charge,
             recorded_txn_id=payment.provider_txn_id,
         )
     except AccountNotActive as refused:
         return _redrive_refused(payment.pk, refused)
+    return _redrive_applied(applied)
 
 
 def _redrive_refused(payment_id: int, refused: AccountNotActive) -> Payment:
@@ -1295,6 +1296,20 @@ def _redrive_refused(payment_id: int, refused: AccountNotActive) -> Payment:
             error,
         )
     return payment
+
+
+def _redrive_applied(payment: Payment) -> Payment:
+    """Forget the refusals counted on a payment whose answer the ledger took this
+    time (its cause was fixed): parking counts refusals in a row, and the error
+    would otherwise stay on a payment that has settled. One conditional update of a
+    payment not parked, so one a racing refusal parked meanwhile keeps its error for
+    staff."""
+    if not (payment.redrive_attempts or payment.redrive_error):
+        return payment  # nothing to forget: no write on every re-drive
+    Payment.objects.filter(pk=payment.pk, redrive_parked_at__isnull=True).update(
+        redrive_attempts=0, redrive_error=""
+    )
+    return Payment.objects.get(pk=payment.pk)
 
 
 def payment_redrive_parked(*, payment_id: int) -> tuple[Payment, bool]:

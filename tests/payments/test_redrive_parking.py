@@ -7,8 +7,14 @@ and the refund cannot take the money out of the frozen merchant account. The
 simulator answers over real HTTP; the re-drive's task runs on PostgreSQL.
 """
 
+import json
+from io import StringIO
+
 import pytest
+from django.core.management import CommandError, call_command
 from django.db import connection
+from django.test import Client
+from prometheus_client.parser import text_string_to_metric_families
 
 from ledger.invariants import ledger_report
 from ledger.models import JournalEntry
@@ -170,3 +176,134 @@ def test_racing_staff_redrive_it_once(refunded_on_frozen):
     assert sorted(results) == [False, False, False, True], results
     assert_refunded_as_at_the_provider(payment)
     connection.close()
+
+
+def parked_gauge() -> float:
+    text = Client().get("/metrics").content.decode()
+    (family,) = [
+        f
+        for f in text_string_to_metric_families(text)
+        if f.name == "payments_provider_payments_parked"
+    ]
+    return family.samples[0].value
+
+
+def redrive_command(*args: str) -> tuple[list[dict], CommandError | None]:
+    out = StringIO()
+    try:
+        call_command("redrive_parked_payments", *args, stdout=out)
+        error = None
+    except CommandError as exc:
+        assert exc.returncode == 1
+        error = exc
+    lines = [json.loads(line) for line in out.getvalue().splitlines()]
+    return lines, error
+
+
+def test_metrics_count_parked_payments(refunded_on_frozen):
+    payment, merchant = refunded_on_frozen
+    assert parked_gauge() == 0
+    for _ in range(MAX_ATTEMPTS - 1):
+        beat_rotation(payment)
+    assert parked_gauge() == 0  # refused, not parked yet
+    beat_rotation(payment)
+    assert parked_gauge() == 1
+    account_unfreeze(account_id=merchant.pk)
+    payment_redrive_parked(payment_id=payment.pk)
+    assert parked_gauge() == 0
+
+
+def test_the_command_redrives_parked_payments_once_the_cause_is_fixed(
+    refunded_on_frozen,
+):
+    payment, merchant = refunded_on_frozen
+    park(payment)
+    # Too early (still frozen): refused again, counted as a first attempt, exit 1.
+    lines, error = redrive_command()
+    assert error is not None and "1 payment(s) refused again" in str(error)
+    (line,) = lines
+    assert (line["payment"], line["redriven"], line["status"]) == (
+        payment.pk,
+        True,
+        "pending",
+    )
+    assert (line["parked"], line["redrive_attempts"]) == (False, 1)
+    assert f"Account {merchant.pk} is frozen" in line["redrive_error"]
+    assert_untouched(payment)
+    for _ in range(MAX_ATTEMPTS - 1):
+        assert beat_rotation(payment) == "pending"
+    payment.refresh_from_db()
+    assert payment.redrive_parked_at is not None
+
+    account_unfreeze(account_id=merchant.pk)
+    lines, error = redrive_command("--payment", str(payment.pk))
+    assert error is None
+    assert lines == [
+        {
+            "payment": payment.pk,
+            "redriven": True,
+            "status": "refunded",
+            "parked": False,
+            "redrive_attempts": 0,  # the refusals are forgotten once it applied
+            "redrive_error": "",
+        }
+    ]
+    assert_refunded_as_at_the_provider(payment)
+    # Run again: nothing parked, nothing named is parked; nothing moves.
+    assert redrive_command() == ([], None)
+    lines, error = redrive_command("--payment", str(payment.pk))
+    assert error is None
+    assert [(line["redriven"], line["status"]) for line in lines] == [
+        (False, "refunded")
+    ]
+    assert_refunded_as_at_the_provider(payment)
+
+
+def test_the_command_refuses_an_unknown_payment_and_moves_nothing(
+    refunded_on_frozen,
+):
+    payment, merchant = refunded_on_frozen
+    park(payment)
+    account_unfreeze(account_id=merchant.pk)
+    known = str(payment.pk)
+    for name in ["999999999", "0", "-1", "abc", "", "1.0", "\uff11", "9" * 30, "1\x00"]:
+        lines, error = redrive_command("--payment", known, "--payment", name)
+        assert error is not None and "unknown payment(s)" in str(error), name
+        assert repr(name) in str(error)
+        assert lines == []
+    payment.refresh_from_db()
+    assert payment.redrive_parked_at is not None  # the known one was not re-driven
+    assert_untouched(payment)
+
+
+def test_racing_commands_redrive_it_once(refunded_on_frozen):
+    payment, merchant = refunded_on_frozen
+    park(payment)
+    account_unfreeze(account_id=merchant.pk)
+
+    def run(i: int) -> list[dict]:
+        named = ["--payment", str(payment.pk)] if i % 2 else []  # or every parked one
+        lines, error = redrive_command(*named)
+        assert error is None
+        return lines
+
+    results = run_in_threads(4, run)
+    assert not [r for r in results if isinstance(r, Exception)], results
+    redriven = [line["redriven"] for lines in results for line in lines]
+    assert redriven.count(True) == 1, results
+    assert_refunded_as_at_the_provider(payment)
+    assert parked_gauge() == 0
+
+
+def test_a_redrive_that_applies_forgets_the_refusals_before_it(refunded_on_frozen):
+    payment, merchant = refunded_on_frozen
+    for _ in range(MAX_ATTEMPTS - 1):
+        assert beat_rotation(payment) == "pending"
+    payment.refresh_from_db()
+    assert payment.redrive_attempts == MAX_ATTEMPTS - 1 and payment.redrive_error
+    account_unfreeze(account_id=merchant.pk)
+    assert beat_rotation(payment) == "refunded"
+    payment.refresh_from_db()
+    assert (payment.redrive_attempts, payment.redrive_error) == (0, "")
+    assert payment.redrive_parked_at is None
+    assert_refunded_as_at_the_provider(payment)
