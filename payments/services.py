@@ -831,9 +831,11 @@ def payment_apply_charge(
     `refunded_at_provider`), so the order ends `refunded` whether its success
     callback came first or not at all; the refund is recorded returned (the
     provider gave the money back; it is not asked again). Still open at the
-    provider: nothing changes. Runs in the caller's transaction; every step
-    re-reads under the order's and payment's locks, so a callback, another re-drive
-    or a repeat changes nothing more.
+    provider: nothing changes. A refund of another transaction than the one a
+    settled payment booked is not its money coming back: nothing changes either, as
+    a success of another transaction changes nothing on a settled payment. Runs in
+    the caller's transaction; every step re-reads under the order's and payment's
+    locks, so a callback, another re-drive or a repeat changes nothing more.
     """
     with transaction.atomic(savepoint=False):
         if charge is None or charge.status == "FAILED":
@@ -842,6 +844,20 @@ def payment_apply_charge(
             return payment_cancel(payment_id=payment_id)
         if charge.status not in _COLLECTED:
             return Payment.objects.get(pk=payment_id)
+        if charge.status == "REFUNDED":
+            # Under the locks `payment_settle` takes next (held to our commit), so
+            # a success being settled meanwhile is decided on what it booked.
+            _, payment = _lock(payment_id)
+            booked = payment.provider_txn_id
+            if payment.status == Payment.Status.SUCCEEDED and booked != charge.txn_id:
+                logger.warning(
+                    "the provider refunded charge %s, not payment %s's %s: "
+                    "not refunded here",
+                    charge.txn_id,
+                    payment.pk,
+                    booked or "(none recorded)",
+                )
+                return payment
         payment = payment_settle(
             payment_id=payment_id, provider_txn_id=charge.txn_id, amount=charge.amount
         )

@@ -12,6 +12,8 @@ The first tests apply the provider's answers directly (any database); the rest a
 the simulator over real HTTP, on PostgreSQL, with threads racing.
 """
 
+from dataclasses import replace
+
 import pytest
 
 from ledger.invariants import ledger_report
@@ -187,6 +189,29 @@ def test_refunded_after_its_success_callback_ends_the_same():
     assert_refunded_as_at_the_provider(payment)
     # And the success again afterwards (a redelivered task): nothing moves.
     payment_settle(payment_id=payment.pk, provider_txn_id=payment.provider_txn_id)
+    assert_refunded_as_at_the_provider(payment)
+
+
+@pytest.mark.django_db
+def test_a_refund_of_another_transaction_does_not_refund_a_settled_payment(caplog):
+    """The provider's refund of a charge that is not the payment's (another
+    transaction under the order's number) is not this payment's money coming back:
+    nothing changes, as a success of another transaction changes nothing on a
+    settled payment. Its own transaction refunded still refunds it."""
+    user, _, _ = customer("dot")
+    payment = pending_provider_payment(place_order(user, amount=ASKED))
+    payment_apply_charge(payment_id=payment.pk, charge=answer(payment, "SUCCESS"))
+    settled = state(payment)
+    assert settled["payment"] == (Payment.Status.SUCCEEDED, ASKED)
+    other = replace(answer(payment, "REFUNDED"), txn_id="txn-of-another-charge")
+    for _ in range(2):
+        again = payment_apply_charge(payment_id=payment.pk, charge=other)
+        assert again.status == Payment.Status.SUCCEEDED
+        assert state(payment) == settled
+    assert "txn-of-another-charge" in caplog.text
+    assert not Refund.objects.exists()
+    assert ledger_report()["ok"]
+    payment_apply_charge(payment_id=payment.pk, charge=answer(payment, "REFUNDED"))
     assert_refunded_as_at_the_provider(payment)
 
 
