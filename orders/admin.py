@@ -10,7 +10,7 @@ from django.shortcuts import get_object_or_404
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
 from django.utils.html import format_html
-from django.utils.translation import gettext, ngettext
+from django.utils.translation import gettext, ngettext, pgettext_lazy
 from django.utils.translation import gettext_lazy as _
 
 from ledger.backoffice import (
@@ -54,6 +54,13 @@ TRANSITION_LABELS = {
     "authorize": _("authorize"),
     "capture": _("capture"),
     "void": _("void"),
+}
+# What an order would be after each of the admin's actions, for a refusal ("it
+# cannot be shipped"): the edge's name, a verb, reads as something else.
+TRANSITION_DONE_LABELS = {
+    "cancel": pgettext_lazy("order refusal", "cancelled"),
+    "ship": pgettext_lazy("order refusal", "shipped"),
+    "complete": pgettext_lazy("order refusal", "completed"),
 }
 
 
@@ -125,13 +132,13 @@ class OrderAdmin(admin.ModelAdmin):
                 self.message_user(
                     request,
                     gettext(
-                        "Order %(order)s is %(status)s; it cannot %(transition)s. "
+                        "Order %(order)s is %(status)s; it cannot be %(done)s. "
                         "Not changed."
                     )
                     % {
                         "order": order.merchant_order_no,
                         "status": order.get_status_display(),
-                        "transition": TRANSITION_LABELS[name],
+                        "done": TRANSITION_DONE_LABELS[name],
                     },
                     messages.WARNING,
                 )
