@@ -648,6 +648,11 @@ _SUB_ACCOUNTS_FOLLOW = {
 }
 
 
+# What an account is once it took each edge, for a refusal's detail ("it cannot be
+# frozen"; the edge's name is a verb).
+_TRANSITION_DONE = {"freeze": "frozen", "unfreeze": "unfrozen", "close": "closed"}
+
+
 def _account_transition(
     account_id: int, name: str, seen_status_version: int | None
 ) -> Account:
@@ -686,7 +691,8 @@ def _account_transition(
             getattr(account, name)()
         except TransitionNotAllowed:
             raise AccountTransitionRefused(
-                f"Account {account_id} is {account.status}: it cannot {name}.",
+                f"Account {account_id} is {account.status}: it cannot be "
+                f"{_TRANSITION_DONE[name]}.",
                 status_now=account.status,
             ) from None
         account.version += 1

@@ -283,3 +283,24 @@ def test_opposite_transfers_do_not_deadlock():
 
     assert run_in_threads(6, work) == [50] * 6
     assert ledger_report()["ok"]
+
+
+def test_a_refused_account_transition_says_what_the_account_cannot_be():
+    from ledger.exceptions import AccountTransitionRefused
+    from ledger.services import account_close, account_freeze, account_unfreeze
+
+    wallet = WalletFactory()
+    account_freeze(account_id=wallet.pk)
+    with pytest.raises(AccountTransitionRefused) as refused, transaction.atomic():
+        account_freeze(account_id=wallet.pk)
+    assert refused.value.detail == (
+        f"Account {wallet.pk} is frozen: it cannot be frozen."
+    )
+    account_unfreeze(account_id=wallet.pk)
+    with pytest.raises(AccountTransitionRefused) as refused, transaction.atomic():
+        account_unfreeze(account_id=wallet.pk)
+    assert refused.value.detail.endswith("is active: it cannot be unfrozen.")
+    account_close(account_id=wallet.pk)
+    with pytest.raises(AccountTransitionRefused) as refused, transaction.atomic():
+        account_close(account_id=wallet.pk)
+    assert refused.value.detail.endswith("is closed: it cannot be closed.")
