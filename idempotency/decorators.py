@@ -32,7 +32,7 @@ from rest_framework.views import APIView
 
 from . import metrics
 from .engine import Call, Phases, execute, refuse_form
-from .exceptions import IdempotencyKeyInvalid, IdempotencyKeyMissing
+from .exceptions import IdempotencyKeyInvalid, IdempotencyKeyMissing, ProblemError
 from .fastpath import credential_digest
 from .fingerprint import (
     fingerprint,
@@ -129,7 +129,9 @@ def idempotent(
                     # Domain errors become their problem+json response here, so the
                     # refusal can be stored; anything else propagates as a 500.
                     response = view.handle_exception(exc)
-                    if isinstance(exc, FORM_ERRORS):
+                    if isinstance(exc, FORM_ERRORS) or (
+                        isinstance(exc, ProblemError) and exc.refuses_form
+                    ):
                         refuse_form(response)
                 return respond(response)
 

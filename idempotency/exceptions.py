@@ -16,6 +16,10 @@ class ProblemError(Exception):
     title: str = "Bad request"
     default_detail: str = ""
     headers: dict[str, str] = {}
+    # A refusal of the request's form (a value no request may carry), decided before
+    # anything is read: as a body failing the schema, it is not stored under the
+    # idempotency key, so the corrected request may use the key.
+    refuses_form: bool = False
 
     def __init__(self, detail: str | None = None, **extra: Any) -> None:
         self.detail = detail or self.default_detail or self.title

@@ -102,6 +102,7 @@ class PaymentNotVoidable(DomainError):
 
 class RefundReasonReserved(DomainError):
     status = 400
+    refuses_form = True  # the corrected reason may use the key
     code = "refund_reason_reserved"
     title = "Refund reason reserved"
     default_detail = (
