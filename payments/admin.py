@@ -159,10 +159,22 @@ class PaymentAdmin(BackofficeMixin, ReadOnlyAdmin):
     def redrive(self, request: HttpRequest, queryset: QuerySet) -> None:
         """No input, so no token: the service re-drives only a parked payment, by
         a conditional update, so a second press or a second staff member finds it
-        moved on. Outside any transaction: the re-drive asks the provider."""
+        moved on. Outside any transaction: the re-drive asks the provider. A
+        provider that does not answer is said on the page for each payment, which
+        is unparked already: beat re-drives it from then on."""
         outcomes = {"redriven": 0, "failed": 0, "skipped": 0}
         for pk in queryset.order_by("pk").values_list("pk", flat=True):
-            payment, redriven = payment_redrive_parked(payment_id=pk)
+            try:
+                payment, redriven = payment_redrive_parked(payment_id=pk)
+            except DomainError as exc:
+                outcomes["failed"] += 1
+                self.message_user(
+                    request,
+                    gettext("Payment %(id)s: %(why)s Beat re-drives it from now on.")
+                    % {"id": pk, "why": refusal_message(exc)},
+                    messages.WARNING,
+                )
+                continue
             if not redriven:
                 outcomes["skipped"] += 1
             elif payment.redrive_attempts:

@@ -307,3 +307,42 @@ def test_a_redrive_that_applies_forgets_the_refusals_before_it(refunded_on_froze
     assert (payment.redrive_attempts, payment.redrive_error) == (0, "")
     assert payment.redrive_parked_at is None
     assert_refunded_as_at_the_provider(payment)
+
+
+def test_a_provider_that_does_not_answer_is_no_server_error(
+    refunded_on_frozen, admin_client, settings
+):
+    """Staff re-drive two parked payments while the provider does not answer: the
+    page says so for each, nothing is booked, and both are beat's again (unparked,
+    a fresh count), which asks the provider every minute."""
+    payment, merchant = refunded_on_frozen
+    park(payment)
+    user, api, _ = customer("lou")
+    other = stuck(api, place_order(user, amount=ASKED))
+    Payment.objects.filter(pk=other.pk).update(
+        redrive_parked_at=payment.redrive_parked_at,
+        redrive_attempts=MAX_ATTEMPTS,
+        redrive_error=payment.redrive_error,
+    )
+    account_unfreeze(account_id=merchant.pk)
+    settings.PAYMENT_PROVIDER_URL = "http://127.0.0.1:9/provider"  # nobody there
+
+    response = admin_client.post(
+        PAYMENTS,
+        {"action": "redrive", "_selected_action": [payment.pk, other.pk]},
+        follow=True,
+    )
+    assert response.status_code == 200
+    messages = [str(m) for m in response.context["messages"]]
+    for pk in (payment.pk, other.pk):
+        assert any(
+            m.startswith(f"Payment {pk}: ") and "did not answer" in m for m in messages
+        ), messages
+    assert messages[-1] == "Re-drive: 2 failed again.", messages
+    assert_untouched(payment)
+    for each in (payment, other):
+        each.refresh_from_db()
+        assert (each.redrive_attempts, each.redrive_parked_at) == (0, None)
+    assert sorted(payments_stuck(older_than_seconds=60)) == sorted(
+        [payment.pk, other.pk]
+    )
