@@ -1,6 +1,7 @@
 """Payments' settings, refused at start-up rather than found wrong later: the
-default hold duration (the API takes 60..2592000 seconds, and so must its default)
-and the reconciliation of settled payments (beat's batches)."""
+default hold duration (the API takes 60..2592000 seconds, and so must its default),
+the reconciliation of settled payments (beat's batches) and the refused re-drives
+a payment is parked after."""
 
 from typing import Any
 
@@ -43,4 +44,25 @@ def reconcile_settings_positive(**kwargs: Any) -> list[checks.CheckMessage]:
         )
         for name in RECONCILE_SETTINGS
         if getattr(settings, name) <= 0
+    ]
+
+
+# `Payment.redrive_attempts` is a PostgreSQL smallint.
+REDRIVE_ATTEMPTS_MAX = 32767
+
+
+@checks.register()
+def redrive_max_attempts_in_range(**kwargs: Any) -> list[checks.CheckMessage]:
+    """Under one, a payment is parked at its first refusal whatever the setting
+    says; over the column's range, the count of refusals cannot reach it: its update
+    fails every minute once the column is full, and the payment is never parked."""
+    attempts = settings.PAYMENT_REDRIVE_MAX_ATTEMPTS
+    if 1 <= attempts <= REDRIVE_ATTEMPTS_MAX:
+        return []
+    return [
+        checks.Error(
+            f"PAYMENT_REDRIVE_MAX_ATTEMPTS = {attempts}: outside what can be counted",
+            hint=f"use 1..{REDRIVE_ATTEMPTS_MAX} refused re-drives",
+            id="payments.E003",
+        )
     ]

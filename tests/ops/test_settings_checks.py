@@ -34,6 +34,11 @@ def test_the_shipped_settings_pass():
         ("PREORDER_PURGE_AFTER_SECONDS", 599, "orders.E001"),
         ("HOLD_TTL_SECONDS", 59, "payments.E001"),
         ("HOLD_TTL_SECONDS", 2592001, "payments.E001"),
+        # Parked at the first refusal whatever it says; or a count the payment's
+        # small-integer column cannot reach (its update fails every minute after
+        # 32767 refusals, and the payment is never parked).
+        ("PAYMENT_REDRIVE_MAX_ATTEMPTS", 0, "payments.E003"),
+        ("PAYMENT_REDRIVE_MAX_ATTEMPTS", 32768, "payments.E003"),
         ("LEDGER_DEFAULT_CURRENCY", "ZZZ", "ledger.E001"),
         ("LEDGER_DEFAULT_CURRENCY", "cny", "ledger.E001"),
         ("SNOWFLAKE_LEASE_SECONDS", 0, "idempotency.E006"),
