@@ -1399,6 +1399,8 @@ def payments_to_reconcile(
                 method=Payment.Method.PROVIDER,
                 status=Payment.Status.SUCCEEDED,
                 succeeded_at__gte=settled_since,
+                # Parked (its refund refused): staff re-drive it, as a stuck one.
+                redrive_parked_at__isnull=True,
             )
             .select_for_update(skip_locked=True)
             .order_by(F("provider_asked_at").asc(nulls_first=True), "pk")

@@ -363,9 +363,10 @@ PAYMENT_PENDING_TIMEOUT_SECONDS = env_int("PAYMENT_PENDING_TIMEOUT_SECONDS", 600
 # e.g. a frozen merchant account; beat re-drives it every minute) is parked for an
 # operator (`manage.py redrive_provider_events`) instead of re-driven for ever.
 PROVIDER_EVENT_MAX_ATTEMPTS = env_int("PROVIDER_EVENT_MAX_ATTEMPTS", 10)
-# Likewise a pending provider payment whose re-drive was refused this many times for
-# a business reason (the provider refunded its charge and the refund cannot leave a
-# frozen merchant account) is parked for staff, who re-drive it from the admin.
+# Likewise a provider payment (pending, or settled and reconciled) whose re-drive was
+# refused this many times for a business reason (the provider refunded its charge
+# and the refund cannot leave a frozen merchant account) is parked for staff, who
+# re-drive it from the admin.
 PAYMENT_REDRIVE_MAX_ATTEMPTS = env_int("PAYMENT_REDRIVE_MAX_ATTEMPTS", 10)
 ORDER_UNPAID_EXPIRY_SECONDS = env_int("ORDER_UNPAID_EXPIRY_SECONDS", 86400)
 # The simulator's side: where it delivers callbacks, its retry schedule (seconds

@@ -121,6 +121,22 @@ def test_each_settled_payment_is_asked_in_its_turn_once_an_interval():
     assert to_reconcile(limit=2) == [newest, made[0]]
 
 
+@pytest.mark.django_db
+def test_a_parked_payment_takes_no_place_in_a_batch():
+    """A settled payment whose re-drive was parked (its refund refused by a frozen
+    merchant account) waits for staff: a batch leaves it out, as the re-drive of
+    stuck payments does, instead of spending a place and a task on it each
+    interval."""
+    user, _, _ = customer("tia")
+    parked, free = settled(user), settled(user)
+    Payment.objects.filter(pk=parked).update(
+        redrive_parked_at=timezone.now(), redrive_attempts=10
+    )
+    assert to_reconcile(limit=1) == [free]
+    assert to_reconcile() == []
+    assert Payment.objects.get(pk=parked).provider_asked_at is None
+
+
 @pytest.mark.django_db(transaction=True)
 def test_two_runs_at_once_share_the_batch(on_postgres):
     """Beats overlapping on a slow database: each payment is asked by one run."""
