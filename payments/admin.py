@@ -1,3 +1,4 @@
+import time
 from collections.abc import Callable
 
 from django import forms
@@ -21,6 +22,7 @@ from ledger.money import format_money
 from orders.admin import OrderAdmin
 from orders.models import Order
 
+from .exceptions import ProviderUnavailable
 from .models import CallbackNonce, Payment, ProviderEvent, Refund, Shipment
 from .services import (
     payment_capture,
@@ -143,6 +145,10 @@ class PaymentAdmin(BackofficeMixin, ReadOnlyAdmin):
     )
     fields = readonly_fields
     actions = ("refund", "capture", "void", "redrive")
+    # How long one press of "re-drive" starts re-drives for (see `redrive`): with
+    # one provider call at PAYMENT_PROVIDER_TIMEOUT_SECONDS after it, well inside
+    # the web server's 30 s.
+    redrive_seconds = 10.0
 
     @admin.display(description=_("re-drive parked"), ordering="redrive_parked_at")
     def redrive_parked(self, payment: Payment) -> str:
@@ -159,11 +165,21 @@ class PaymentAdmin(BackofficeMixin, ReadOnlyAdmin):
     def redrive(self, request: HttpRequest, queryset: QuerySet) -> None:
         """No input, so no token: the service re-drives only a parked payment, by
         a conditional update, so a second press or a second staff member finds it
-        moved on. Outside any transaction: the re-drive asks the provider. A
-        provider that does not answer is said on the page for each payment, which
-        is unparked already: beat re-drives it from then on."""
-        outcomes = {"redriven": 0, "failed": 0, "skipped": 0}
-        for pk in queryset.order_by("pk").values_list("pk", flat=True):
+        moved on. Outside any transaction: the re-drive asks the provider.
+
+        Each re-drive may wait on the provider (up to
+        PAYMENT_PROVIDER_TIMEOUT_SECONDS), so a press starts re-drives only for
+        `redrive_seconds` and stops at a provider that does not answer: what is
+        left stays parked, and the page says how many, instead of the web server's
+        timeout cutting the press short with nothing said. The payment the provider
+        did not answer for is unparked already: beat re-drives it from then on."""
+        outcomes = {"redriven": 0, "failed": 0, "skipped": 0, "left": 0}
+        pks = list(queryset.order_by("pk").values_list("pk", flat=True))
+        started = time.monotonic()
+        for done, pk in enumerate(pks):
+            if done and time.monotonic() - started > self.redrive_seconds:
+                outcomes["left"] = len(pks) - done
+                break
             try:
                 payment, redriven = payment_redrive_parked(payment_id=pk)
             except DomainError as exc:
@@ -174,6 +190,9 @@ class PaymentAdmin(BackofficeMixin, ReadOnlyAdmin):
                     % {"id": pk, "why": refusal_message(exc)},
                     messages.WARNING,
                 )
+                if isinstance(exc, ProviderUnavailable):
+                    outcomes["left"] = len(pks) - done - 1
+                    break
                 continue
             if not redriven:
                 outcomes["skipped"] += 1
@@ -195,8 +214,18 @@ class PaymentAdmin(BackofficeMixin, ReadOnlyAdmin):
                 "%(n)d skipped (not parked)",
                 outcomes["skipped"],
             ),
+            ngettext(
+                "%(n)d not tried (still parked: re-drive it again)",
+                "%(n)d not tried (still parked: re-drive them again)",
+                outcomes["left"],
+            ),
         ]
-        counts = [outcomes["redriven"], outcomes["failed"], outcomes["skipped"]]
+        counts = [
+            outcomes["redriven"],
+            outcomes["failed"],
+            outcomes["skipped"],
+            outcomes["left"],
+        ]
         summary = ", ".join(
             part % {"n": n} for part, n in zip(parts, counts, strict=True) if n
         )

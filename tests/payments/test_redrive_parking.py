@@ -10,6 +10,12 @@ simulator answers over real HTTP; the re-drive's task runs on PostgreSQL.
 import json
 from io import StringIO
 
+
+import contextlib
+import socket
+import time
+from collections.abc import Iterator
+
 import pytest
 from django.core.management import CommandError, call_command
 from django.db import connection
@@ -318,31 +324,91 @@ def test_a_provider_that_does_not_answer_is_no_server_error(
     payment, merchant = refunded_on_frozen
     park(payment)
     user, api, _ = customer("lou")
+
+
+def parked_too(payment: Payment, username: str) -> Payment:
+    """Another provider payment, stuck and parked as `payment` is."""
+    user, api, _ = customer(username)
     other = stuck(api, place_order(user, amount=ASKED))
     Payment.objects.filter(pk=other.pk).update(
         redrive_parked_at=payment.redrive_parked_at,
         redrive_attempts=MAX_ATTEMPTS,
         redrive_error=payment.redrive_error,
     )
-    account_unfreeze(account_id=merchant.pk)
-    settings.PAYMENT_PROVIDER_URL = "http://127.0.0.1:9/provider"  # nobody there
+    return other
 
-    response = admin_client.post(
-        PAYMENTS,
-        {"action": "redrive", "_selected_action": [payment.pk, other.pk]},
-        follow=True,
-    )
+
+@contextlib.contextmanager
+def silent_provider(settings) -> Iterator[None]:
+    """The provider at an address that takes connections and never answers."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(16)
+        port = listener.getsockname()[1]
+        settings.PAYMENT_PROVIDER_URL = f"http://127.0.0.1:{port}/provider"
+        settings.PAYMENT_PROVIDER_TIMEOUT_SECONDS = 1.0
+        yield
+
+
+def test_a_provider_that_does_not_answer_stops_the_press(
+    refunded_on_frozen, admin_client, settings
+):
+    """Staff re-drive three parked payments while the provider does not answer:
+    no server error, and no wait on the provider for each of them (a press that
+    waited for every one would outlast the web server's timeout, cut short with
+    nothing said). The first, unparked, is beat's again; the rest stay parked, and
+    the page says so."""
+    payment, merchant = refunded_on_frozen
+    park(payment)
+    others = [parked_too(payment, name) for name in ("lou", "max")]
+    account_unfreeze(account_id=merchant.pk)
+
+    selection = [payment.pk, *(other.pk for other in others)]
+    with silent_provider(settings):
+        started = time.monotonic()
+        response = admin_client.post(
+            PAYMENTS, {"action": "redrive", "_selected_action": selection}, follow=True
+        )
+        assert time.monotonic() - started < 2.5  # one wait on the provider, not 3
     assert response.status_code == 200
     messages = [str(m) for m in response.context["messages"]]
-    for pk in (payment.pk, other.pk):
-        assert any(
-            m.startswith(f"Payment {pk}: ") and "did not answer" in m for m in messages
-        ), messages
-    assert messages[-1] == "Re-drive: 2 failed again.", messages
+    assert messages[0].startswith(f"Payment {payment.pk}: ")
+    assert "did not answer" in messages[0] and "Beat re-drives it" in messages[0]
+    assert messages[-1] == (
+        "Re-drive: 1 failed again, 2 not tried (still parked: re-drive them again)."
+    ), messages
     assert_untouched(payment)
-    for each in (payment, other):
-        each.refresh_from_db()
-        assert (each.redrive_attempts, each.redrive_parked_at) == (0, None)
-    assert sorted(payments_stuck(older_than_seconds=60)) == sorted(
-        [payment.pk, other.pk]
+    payment.refresh_from_db()
+    assert (payment.redrive_attempts, payment.redrive_parked_at) == (0, None)
+    assert payments_stuck(older_than_seconds=60) == [payment.pk]
+    for other in others:
+        other.refresh_from_db()
+        assert other.redrive_parked_at is not None
+
+
+def test_a_press_starts_re_drives_for_a_while_only(
+    refunded_on_frozen, admin_client, monkeypatch
+):
+    """Past its time a press starts no more re-drives: the rest stay parked, for
+    the next press. (At least one is re-driven, however slow.)"""
+    from payments.admin import PaymentAdmin
+
+    payment, merchant = refunded_on_frozen
+    park(payment)
+    other = parked_too(payment, "ned")
+    account_unfreeze(account_id=merchant.pk)
+    monkeypatch.setattr(PaymentAdmin, "redrive_seconds", 0.0)
+
+    selection = [payment.pk, other.pk]
+    response = admin_client.post(
+        PAYMENTS, {"action": "redrive", "_selected_action": selection}, follow=True
     )
+    assert [str(m) for m in response.context["messages"]] == [
+        "Re-drive: 1 re-driven, 1 not tried (still parked: re-drive it again)."
+    ]
+    payment.refresh_from_db()
+    assert payment.status == Payment.Status.REFUNDED
+    assert Refund.objects.get(payment=payment).reason == "refunded_at_provider"
+    other.refresh_from_db()
+    assert other.status == Payment.Status.PENDING
+    assert other.redrive_parked_at is not None
