@@ -10,6 +10,7 @@ from orders.models import Order
 from payments.exceptions import ProviderChargeUsed
 from payments.models import Payment, ProviderEvent, Refund
 from payments.services import (
+    _payment_refund,
     payment_apply_charge,
     payment_pay_with_balance,
     payment_provider_start,
@@ -73,6 +74,26 @@ def test_a_customers_provider_refund_reason_is_not_a_charge_of_another_amount():
     assert_problem(response, 400, "refund_reason_reserved")
     assert Payment.objects.get(pk=payment.pk).status == Payment.Status.SUCCEEDED
     assert not any("collected" in w for w in ledger_report()["warnings"])
+
+
+@pytest.mark.parametrize("method", ["balance", "provider"])
+def test_an_old_refund_with_the_reason_is_no_charge_of_another_amount(method):
+    """Refunds made before the API refused the system's reasons kept the customer's
+    text, "amount_mismatch" included: check_ledger still must not name them as
+    charges of another amount (it reads the amounts, never the reason). Made here
+    as they were then, through the refund under the API's reserved check."""
+    user, _, _ = customer(f"legacy-{method}", balance=5000)
+    order = place_order(user, amount=ASKED)
+    if method == "balance":
+        payment = payment_pay_with_balance(order_id=order.pk)
+    else:
+        payment = pending_provider_payment(order)
+        payment_apply_charge(payment_id=payment.pk, charge=answer(payment, "SUCCESS"))
+    _payment_refund(payment_id=payment.pk, reason="amount_mismatch")
+    assert Refund.objects.get(payment=payment).reason == "amount_mismatch"
+    report = ledger_report()
+    assert report["ok"], report["violations"]
+    assert not any("collected" in w for w in report["warnings"]), report["warnings"]
 
 
 def test_the_late_callback_of_another_amount_after_a_second_pay_attempt():
