@@ -652,8 +652,11 @@ RESERVED_REFUND_REASONS = frozenset(
 
 def refund_reason_is_reserved(reason: str) -> bool:
     """Whether `reason` is one only the system gives, whatever its case, its
-    compatibility form (full-width letters) and the whitespace around it."""
-    folded = unicodedata.normalize("NFKC", reason).strip().casefold()
+    compatibility form (full-width letters), the whitespace around it and the
+    invisible format characters in it (a zero-width space, a soft hyphen), which
+    would show it as the system's own."""
+    visible = "".join(c for c in reason if unicodedata.category(c) != "Cf")
+    folded = unicodedata.normalize("NFKC", visible).strip().casefold()
     return folded in RESERVED_REFUND_REASONS
 
 

@@ -44,6 +44,11 @@ RESERVED = [
     " order_cancelled",
     # Full-width letters after an ideographic space.
     "\u3000" + "".join(chr(ord(c) + 0xFEE0) for c in "AMOUNT_MISMATCH"),
+    # Invisible format characters (a zero-width space, a soft hyphen, a byte-order
+    # mark): shown as the system's own reason, they would pass for it.
+    "amount\u200b_mismatch",
+    "refunded_at\u00ad_provider",
+    "\ufeffamount_mismatch",
 ]
 
 
