@@ -20,8 +20,13 @@ def paid_orders_without_shipment() -> QuerySet[Order]:
 def payments_parked() -> QuerySet[Payment]:
     """Provider payments whose re-drive is parked for staff (the ledger refused its
     answer PAYMENT_REDRIVE_MAX_ATTEMPTS times), oldest first; found through the
-    partial index `payment_redrive_parked`."""
-    return Payment.objects.filter(redrive_parked_at__isnull=False).order_by("pk")
+    partial index `payment_redrive_parked`. Only those still waiting for the
+    provider's answer to be applied: one settled since another way (a callback, the
+    customer's own refund) stays stamped parked, with nothing left to re-drive."""
+    return Payment.objects.filter(
+        redrive_parked_at__isnull=False,
+        status__in=[Payment.Status.PENDING, Payment.Status.SUCCEEDED],
+    ).order_by("pk")
 
 
 def payment_list(*, order: Order) -> QuerySet[Payment]:

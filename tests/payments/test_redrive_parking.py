@@ -7,19 +7,18 @@ and the refund cannot take the money out of the frozen merchant account. The
 simulator answers over real HTTP; the re-drive's task runs on PostgreSQL.
 """
 
-import json
-from io import StringIO
-
-
 import contextlib
+import json
 import socket
 import time
 from collections.abc import Iterator
+from io import StringIO
 
 import pytest
 from django.core.management import CommandError, call_command
-from django.db import connection
+from django.db import connection, transaction
 from django.test import Client
+from django.utils import timezone
 from prometheus_client.parser import text_string_to_metric_families
 
 from ledger.invariants import ledger_report
@@ -28,13 +27,19 @@ from ledger.services import account_freeze, account_unfreeze, merchant_account
 from orders.models import Order
 from payments.models import Payment, Refund
 from payments.provider_client import provider_charge_refund
-from payments.services import payment_redrive_parked, payments_stuck
+from payments.services import (
+    payment_apply_charge,
+    payment_redrive_parked,
+    payment_refund,
+    payments_stuck,
+)
 from payments.tasks import payment_redrive_task, redrive_pending_payments
 from tests.conftest import run_in_threads
-from tests.helpers import customer, place_order
+from tests.helpers import customer, pending_provider_payment, place_order
 from tests.payments.test_beat import settle_at_provider
 from tests.payments.test_redrive_outcomes import (
     ASKED,
+    answer,
     assert_refunded_as_at_the_provider,
     stuck,
 )
@@ -315,17 +320,6 @@ def test_a_redrive_that_applies_forgets_the_refusals_before_it(refunded_on_froze
     assert_refunded_as_at_the_provider(payment)
 
 
-def test_a_provider_that_does_not_answer_is_no_server_error(
-    refunded_on_frozen, admin_client, settings
-):
-    """Staff re-drive two parked payments while the provider does not answer: the
-    page says so for each, nothing is booked, and both are beat's again (unparked,
-    a fresh count), which asks the provider every minute."""
-    payment, merchant = refunded_on_frozen
-    park(payment)
-    user, api, _ = customer("lou")
-
-
 def parked_too(payment: Payment, username: str) -> Payment:
     """Another provider payment, stuck and parked as `payment` is."""
     user, api, _ = customer(username)
@@ -412,3 +406,23 @@ def test_a_press_starts_re_drives_for_a_while_only(
     other.refresh_from_db()
     assert other.status == Payment.Status.PENDING
     assert other.redrive_parked_at is not None
+
+
+def test_a_parked_payment_settled_another_way_is_no_warning():
+    """A payment parked while its refund was refused, refunded since another way
+    (the customer's own refund once the account is active again): nothing is left
+    for staff, so check_ledger names it no more."""
+    user, _, _ = customer("oda")
+    payment = pending_provider_payment(place_order(user, amount=ASKED))
+    payment_apply_charge(payment_id=payment.pk, charge=answer(payment, "SUCCESS"))
+    Payment.objects.filter(pk=payment.pk).update(
+        redrive_parked_at=timezone.now(),
+        redrive_attempts=MAX_ATTEMPTS,
+        redrive_error="AccountNotActive account_not_active: Account 1 is frozen.",
+    )
+    assert ledger_report()["warnings"] != []  # parked, and still succeeded
+    with transaction.atomic():
+        payment_refund(payment_id=payment.pk)
+    report = ledger_report()
+    assert report["ok"], report["violations"]
+    assert not any("parked" in w for w in report["warnings"]), report["warnings"]
