@@ -10,12 +10,15 @@ import signal
 import socket
 import subprocess
 import time
+import uuid
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
 
 import httpx
+import pytest
 from django.db import connection
+from kombu import Connection
 
 from ledger.supervisor import free_port
 
@@ -161,6 +164,36 @@ def redis_server() -> Iterator[tuple[str, subprocess.Popen]]:
         yield f"redis://127.0.0.1:{port}/0", process
     finally:
         stop(process)
+
+
+RABBITMQ = "amqp://guest:guest@127.0.0.1:5672"
+
+
+def rabbitmqctl(*args: str) -> str:
+    return subprocess.run(
+        ["rabbitmqctl", "--quiet", *args],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    ).stdout
+
+
+@contextmanager
+def rabbitmq_vhost() -> Iterator[str]:
+    """A vhost of our own on the machine's RabbitMQ (guest/guest): its URL."""
+    name = f"ledger-test-{uuid.uuid4().hex[:8]}"
+    try:
+        with Connection(f"{RABBITMQ}//") as probe:
+            probe.ensure_connection(max_retries=1, timeout=5)
+    except Exception as exc:
+        pytest.fail(f"RabbitMQ does not answer on 127.0.0.1:5672 ({exc})")
+    rabbitmqctl("add_vhost", name)
+    rabbitmqctl("set_permissions", "-p", name, "guest", ".*", ".*", ".*")
+    try:
+        yield f"{RABBITMQ}/{name}"
+    finally:
+        rabbitmqctl("delete_vhost", name)
 
 
 def raw_exchange(url: str, request: bytes, body_parts: Iterable[bytes] = ()):

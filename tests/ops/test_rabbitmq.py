@@ -8,47 +8,25 @@ import json
 import os
 import subprocess
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from kombu import Connection
 
 from tests.helpers import wait_for
-from tests.servers import ROOT, stop
+from tests.servers import ROOT, rabbitmq_vhost, rabbitmqctl, stop
 
 pytestmark = pytest.mark.slow
 
 PYTHON = str(ROOT / ".venv/bin/python")
 
 
-def rabbitmqctl(*args: str) -> str:
-    return subprocess.run(
-        ["rabbitmqctl", "--quiet", *args],
-        check=True,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    ).stdout
-
-
 @pytest.fixture(scope="module")
 def vhost() -> Iterator[str]:
     """A vhost of this test's own on the machine's RabbitMQ (guest/guest)."""
-    name = f"ledger-test-{uuid.uuid4().hex[:8]}"
-    try:
-        with Connection("amqp://guest:guest@127.0.0.1:5672//") as probe:
-            probe.ensure_connection(max_retries=1, timeout=5)
-    except Exception as exc:
-        pytest.fail(f"RabbitMQ does not answer on 127.0.0.1:5672 ({exc})")
-    rabbitmqctl("add_vhost", name)
-    rabbitmqctl("set_permissions", "-p", name, "guest", ".*", ".*", ".*")
-    try:
-        yield name
-    finally:
-        rabbitmqctl("delete_vhost", name)
+    with rabbitmq_vhost() as url:
+        yield url.rpartition("/")[2]
 
 
 @pytest.fixture
