@@ -25,6 +25,16 @@ worker's, until the kernel gave up on the connection: hours without a periodic t
 sent and without a line in the log. Now a send fails in about 25 s (Celery's publish
 retry policy tries four times), beat logs it, goes on with its schedule and sends
 again once the broker answers (`tests/ops/test_frozen_broker.py`).
+
+On RabbitMQ the same holds, by py-amqp's own options (`rabbitmq_transport_options`):
+py-amqp bounds connecting and the handshake, then waits on an open connection without
+a timeout, so a broker that froze after beat (or a worker's publish) had connected
+held the send, waiting for the broker's confirm of it, for ever. Now each wait on the
+socket, and each write to it, gives up after `RABBITMQ_SOCKET_TIMEOUT_SECONDS`. The
+worker's consuming connection keeps Celery's AMQP heartbeat (120 s): a worker waits
+out a frozen broker and goes on once it answers, and a shorter heartbeat would only
+have the broker drop, and deliver again, the tasks of a worker that waited a little
+long.
 """
 
 from typing import Any
@@ -135,4 +145,26 @@ def redis_transport_options(
         "visibility_timeout": visibility_timeout,
         "socket_connect_timeout": socket_timeout,
         "socket_timeout": socket_timeout,
+    }
+
+
+# Every wait on a RabbitMQ broker's socket, as on Redis: connecting and the handshake,
+# each answer of the broker (a publish's confirm included) and each write.
+RABBITMQ_SOCKET_TIMEOUT_SECONDS = 5.0
+
+
+def rabbitmq_transport_options(
+    *, socket_timeout: float = RABBITMQ_SOCKET_TIMEOUT_SECONDS
+) -> dict[str, Any]:
+    """py-amqp's connection options: every task the broker accepts confirmed, and a
+    bound on every wait on the broker's socket (connect and handshake, each answer,
+    each write)."""
+    return {
+        # The broker confirms every task it accepts: a lost one is an error, not
+        # silence.
+        "confirm_publish": True,
+        "connect_timeout": socket_timeout,
+        # The socket's SO_RCVTIMEO and SO_SNDTIMEO, once connected.
+        "read_timeout": socket_timeout,
+        "write_timeout": socket_timeout,
     }

@@ -66,8 +66,14 @@ def bounded_transport_options(url: str, timeout: float) -> dict[str, Any]:
     if scheme in {"redis", "rediss", "sentinel"}:
         options |= {"socket_connect_timeout": timeout, "socket_timeout": timeout}
     elif scheme in {"amqp", "amqps", "pyamqp"}:
-        # The handshake waits `connect_timeout`; these bound a silent socket.
-        options |= {"read_timeout": timeout, "write_timeout": timeout}
+        # Connecting and the handshake wait `connect_timeout` (the settings' own,
+        # merged in under these, would win over a keyword); the others bound a
+        # silent socket.
+        options |= {
+            "connect_timeout": timeout,
+            "read_timeout": timeout,
+            "write_timeout": timeout,
+        }
     return options
 
 

@@ -252,15 +252,17 @@ elif CELERY_BROKER_URL.partition(":")[0] in {"amqp", "amqps", "pyamqp"}:
     # replicated quorum queues with per-consumer prefetch, countdowns and retries by
     # the broker's native delayed delivery, and a delivery limit past which a message
     # that kills its worker every time moves to the dead-letter queue `celery.dead`.
-    from ledger.broker import rabbitmq_queues
+    from ledger.broker import rabbitmq_queues, rabbitmq_transport_options
 
     CELERY_DELIVERY_LIMIT = env_int("CELERY_DELIVERY_LIMIT", 10)
     CELERY_TASK_DEFAULT_EXCHANGE_TYPE = "topic"
     CELERY_TASK_DEFAULT_QUEUE_TYPE = "quorum"
     CELERY_TASK_QUEUES = rabbitmq_queues(delivery_limit=CELERY_DELIVERY_LIMIT)
     CELERY_BROKER_NATIVE_DELAYED_DELIVERY_QUEUE_TYPE = "quorum"
-    # The broker confirms every task it accepts: a lost one is an error, not silence.
-    CELERY_BROKER_TRANSPORT_OPTIONS = {"confirm_publish": True}
+    # The broker confirms every task it accepts, and every wait on its socket is
+    # bounded (5 s), as on Redis: a broker that never answers is an error in beat's
+    # log, not a hang.
+    CELERY_BROKER_TRANSPORT_OPTIONS = rabbitmq_transport_options()
 else:
     # Longer than any countdown or eta we use, or Redis would hand a delayed task to a
     # second worker while the first one still waits to run it (ledger/broker.py; the

@@ -3,10 +3,12 @@ broker, periodic tasks every second or two, and a three-second leader lease.
 
 Everything about the lease is ten times shorter than in production, the broker's
 socket waits too (0.5 s instead of 5 s), so that a publish to a broker that never
-answers holds beat as long, measured in leases, as it would in production."""
+answers holds beat as long, measured in leases, as it would in production. A
+CELERY_BROKER_URL of RabbitMQ gets the RabbitMQ options production sets, as short."""
 
-from ledger.broker import redis_transport_options
+from ledger.broker import rabbitmq_transport_options, redis_transport_options
 from tests.worker_settings import *  # noqa: F403
+from tests.worker_settings import CELERY_BROKER_URL
 
 CELERY_BEAT_SCHEDULE = {
     "every-second": {
@@ -19,7 +21,10 @@ CELERY_BEAT_SCHEDULE = {
     },
 }
 BEAT_LEASE_SECONDS = 3
-CELERY_BROKER_TRANSPORT_OPTIONS = redis_transport_options(
-    visibility_timeout=3600, socket_timeout=0.5
-)
+if CELERY_BROKER_URL.partition(":")[0] in {"amqp", "amqps", "pyamqp"}:
+    CELERY_BROKER_TRANSPORT_OPTIONS = rabbitmq_transport_options(socket_timeout=0.5)
+else:
+    CELERY_BROKER_TRANSPORT_OPTIONS = redis_transport_options(
+        visibility_timeout=3600, socket_timeout=0.5
+    )
 BEAT_PUBLISH_TRY_SECONDS = 4 * 0.5

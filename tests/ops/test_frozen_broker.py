@@ -8,31 +8,46 @@ bounded the same way, must still consume between its BRPOP polls and recover; an
 `make run` must refuse such a broker at start-up instead of hanging. Two beats on a
 frozen broker: the leader keeps every try of a publish within its lease, so that the
 other never sends while it still does.
+
+The same on RabbitMQ (the machine's own, on a vhost of the test's: it is never
+stopped), frozen for its clients by relays in front of it that pass nothing on: a
+publish on a connection opened before the freeze ends within its bound, and two
+beats never both send outside their leases.
 """
 
 import os
+import select
 import signal
 import socket
 import subprocess
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager, suppress
+from contextlib import AbstractContextManager, ExitStack, contextmanager, suppress
 from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
 import redis
+from amqp.exceptions import NotFound
 from django.core.management.base import CommandError
+from kombu import Connection
+from kombu.exceptions import OperationalError
 
 from idempotency.models import Lease
-from ledger.broker import REDIS_SOCKET_TIMEOUT_SECONDS, redis_transport_options
+from ledger.broker import (
+    RABBITMQ_SOCKET_TIMEOUT_SECONDS,
+    REDIS_SOCKET_TIMEOUT_SECONDS,
+    rabbitmq_transport_options,
+    redis_transport_options,
+)
 from ledger.celery import app
 from ledger.management.commands.serve import check_broker
+from ledger.publishing import publish_within
 from tests.helpers import wait_for
 from tests.ops.test_beat_leader import start_beat, wait_for_log
 from tests.payments.test_broker_outage import silent_broker
-from tests.servers import redis_server, stop
+from tests.servers import rabbitmq_vhost, redis_server, stop
 from tests.workers import celery_worker, point_producer_at, process_env
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
@@ -57,7 +72,9 @@ def queued(url: str) -> int:
 class Relay:
     """A TCP relay in front of a server: `url` is the server's URL with the relay's
     port; `heard` the times (Unix seconds) at which a client sent anything through
-    it; `cut()` drops every connection and refuses the next ones (a lost network)."""
+    it; `cut()` drops every connection and refuses the next ones (a lost network);
+    `frozen()` accepts connections and data and passes nothing on, either way, until
+    it ends (the server frozen, for its clients behind this relay only)."""
 
     def __init__(self, url: str) -> None:
         self.upstream = urlsplit(url)
@@ -69,6 +86,8 @@ class Relay:
         self.heard: list[float] = []
         self.held: list[socket.socket] = []
         self.is_cut = False
+        self.flowing = threading.Event()
+        self.flowing.set()
         threading.Thread(target=self._accept, daemon=True).start()
 
     def _accept(self) -> None:
@@ -87,11 +106,18 @@ class Relay:
                     threading.Thread(target=self._pipe, args=args, daemon=True).start()
 
     def _pipe(self, source: socket.socket, sink: socket.socket, record: bool) -> None:
+        held = b""  # what came while frozen, passed on once it ends
         with suppress(OSError):
-            while data := source.recv(65536):
-                if record:
-                    self.heard.append(time.time())
-                sink.sendall(data)
+            while True:
+                if select.select([source], [], [], 0.05)[0]:
+                    if not (data := source.recv(65536)):
+                        break
+                    if record:
+                        self.heard.append(time.time())
+                    held += data
+                if held and self.flowing.is_set():
+                    sink.sendall(held)
+                    held = b""
         for end in (source, sink):
             with suppress(OSError):
                 end.shutdown(socket.SHUT_RDWR)
@@ -102,7 +128,16 @@ class Relay:
             with suppress(OSError):
                 end.shutdown(socket.SHUT_RDWR)
 
+    @contextmanager
+    def frozen(self) -> Iterator[None]:
+        self.flowing.clear()
+        try:
+            yield
+        finally:
+            self.flowing.set()
+
     def close(self) -> None:
+        self.flowing.set()
         self.listener.close()
         for end in self.held:
             with suppress(OSError):
@@ -116,6 +151,73 @@ def relay(url: str) -> Iterator[Relay]:
         yield server
     finally:
         server.close()
+
+
+@pytest.fixture(scope="module")
+def rabbitmq() -> Iterator[str]:
+    """The URL of a vhost of this module's own on the machine's RabbitMQ."""
+    with rabbitmq_vhost() as url:
+        yield url
+
+
+class FrozenBroker:
+    """The broker of a test: a redis-server of its own (`server`), or the machine's
+    RabbitMQ (no `server`), which `frozen()` freezes at the relays in front of it."""
+
+    def __init__(self, url: str, server: subprocess.Popen | None) -> None:
+        self.url = url
+        self.server = server
+
+    def frozen(self, relays: list[Relay]) -> AbstractContextManager:
+        if self.server is not None:
+            return frozen(self.server)
+        stack = ExitStack()
+        for each in relays:
+            stack.enter_context(each.frozen())
+        return stack
+
+    def _queue(self, action: str) -> int:
+        if self.server is not None:
+            client = redis.Redis.from_url(self.url, socket_timeout=5)
+            return (
+                client.llen("celery") if action == "count" else client.delete("celery")
+            )
+        with Connection(
+            self.url, transport_options=rabbitmq_transport_options()
+        ) as connection:
+            channel = connection.default_channel
+            try:
+                if action == "count":
+                    return channel.queue_declare("celery", passive=True).message_count
+                return channel.queue_purge("celery") or 0
+            except NotFound:  # nothing sent yet
+                return 0
+
+    def forget_queue(self) -> None:
+        """Delete the task queue and its exchange (a process on other settings
+        declares them with other arguments)."""
+        with Connection(
+            self.url, transport_options=rabbitmq_transport_options()
+        ) as connection:
+            connection.default_channel.queue_delete("celery")
+            connection.default_channel.exchange_delete("celery")
+
+    def queued(self) -> int:
+        return self._queue("count")
+
+    def empty(self) -> None:
+        self._queue("purge")
+
+
+@pytest.fixture(params=["redis", "rabbitmq"])
+def frozen_broker(request) -> Iterator[FrozenBroker]:
+    if request.param == "redis":
+        with redis_server() as (url, server):
+            yield FrozenBroker(url, server)
+    else:
+        broker = FrozenBroker(request.getfixturevalue("rabbitmq"), None)
+        broker.empty()
+        yield broker
 
 
 def test_beat_logs_a_frozen_broker_and_sends_again_once_it_answers(
@@ -148,7 +250,7 @@ def test_beat_logs_a_frozen_broker_and_sends_again_once_it_answers(
 
 @pytest.mark.parametrize("leader_loses_database", [False, True])
 def test_two_beats_never_send_at_once_while_the_broker_is_frozen(
-    tmp_path, on_postgres, leader_loses_database
+    tmp_path, on_postgres, frozen_broker, leader_loses_database
 ):
     """Each publish to a frozen broker fails after several tries, each one a socket
     timeout long: about a lease in all (as 25 s against 30 in production). Every
@@ -158,8 +260,8 @@ def test_two_beats_never_send_at_once_while_the_broker_is_frozen(
     lease ends and the other beat takes over. Whoever leads sends again once the
     broker answers."""
     beats: dict[str, subprocess.Popen] = {}
+    url = frozen_broker.url
     with (
-        redis_server() as (url, server),
         relay(url) as broker_a,
         relay(url) as broker_b,
         relay(process_env()["DATABASE_URL"]) as database_a,
@@ -177,10 +279,10 @@ def test_two_beats_never_send_at_once_while_the_broker_is_frozen(
                 tmp_path, "beat-b", CELERY_BROKER_URL=broker_b.url
             )
             wait_for_log(tmp_path, "beat-b", "beat: Starting...")
-            wait_for(lambda: queued(url) > 0, 30, "a task sent")
+            wait_for(lambda: frozen_broker.queued() > 0, 30, "a task sent")
 
             leases: dict[str, tuple[float, float]] = {}  # holder: its lease, seen
-            with frozen(server):
+            with frozen_broker.frozen([broker_a, broker_b]):
                 since = time.time()
                 while time.time() - since < 15:  # five leases
                     if leader_loses_database and time.time() - since > 2:
@@ -216,8 +318,10 @@ def test_two_beats_never_send_at_once_while_the_broker_is_frozen(
             if leader_loses_database:
                 assert sent["beat-b"], "the new leader did not try to send"
 
-            redis.Redis.from_url(url, socket_timeout=5).delete("celery")
-            wait_for(lambda: queued(url) > 0, 30, "a task sent after the resume")
+            frozen_broker.empty()
+            wait_for(
+                lambda: frozen_broker.queued() > 0, 30, "a task sent after the resume"
+            )
             assert Lease.objects.get(name="beat").holder.startswith(f"{leader}:")
             assert beats[leader].poll() is None, (
                 tmp_path / f"{leader}.log"
@@ -225,6 +329,50 @@ def test_two_beats_never_send_at_once_while_the_broker_is_frozen(
         finally:
             for beat in beats.values():
                 stop(beat)
+
+
+def test_a_publish_to_a_frozen_rabbitmq_ends_within_its_bound(rabbitmq):
+    """On a connection opened before the freeze, with production's RabbitMQ options
+    (their socket timeouts ten times shorter, as beat's in these tests): a web
+    request's publish (`ledger.publishing`) gives up at once, and one with Celery's
+    retry policy (beat's, a worker's) raises after its four tries, where py-amqp
+    waited for the broker's confirm for ever."""
+    before = app.conf.broker_url
+    # Declared on the test settings' plain exchange and queue, not the beats' own.
+    broker = FrozenBroker(rabbitmq, None)
+    broker.forget_queue()
+    with relay(rabbitmq) as server:
+        point_producer_at(server.url)
+        app.conf.broker_transport_options = rabbitmq_transport_options(
+            socket_timeout=0.5
+        )
+        try:
+            assert publish_within(PING_TASK, ())
+            app.send_task(PING_TASK, ignore_result=True)
+            with server.frozen():
+                started = time.monotonic()
+                assert not publish_within(PING_TASK, ())
+                assert time.monotonic() - started < 0.6
+
+                ended: list[BaseException | None] = []
+
+                def send() -> None:
+                    try:
+                        app.send_task(PING_TASK, ignore_result=True)
+                    except BaseException as exc:  # looked at below
+                        ended.append(exc)
+                    else:
+                        ended.append(None)
+
+                started = time.monotonic()
+                sender = threading.Thread(target=send, daemon=True)
+                sender.start()
+                sender.join(20 * 0.5)
+                assert ended, "the publish still waits on the frozen broker"
+                assert isinstance(ended[0], OperationalError), ended
+        finally:
+            point_producer_at(before)
+            broker.forget_queue()
 
 
 def test_the_worker_consumes_between_its_polls_and_after_a_freeze(
@@ -268,14 +416,21 @@ def test_the_worker_consumes_between_its_polls_and_after_a_freeze(
             point_producer_at(before)
 
 
-def test_make_run_refuses_a_broker_that_accepts_and_never_answers(settings):
-    """`serve` checks the broker with the settings' transport options (these are the
-    Redis ones, whatever broker the test process was configured with)."""
-    settings.CELERY_BROKER_TRANSPORT_OPTIONS = redis_transport_options(
-        visibility_timeout=3600
-    )
+@pytest.mark.parametrize("scheme", ["redis", "amqp"])
+def test_make_run_refuses_a_broker_that_accepts_and_never_answers(settings, scheme):
+    """`serve` checks the broker with the settings' transport options (production's
+    for the broker, whatever broker the test process was configured with)."""
+    if scheme == "redis":
+        settings.CELERY_BROKER_TRANSPORT_OPTIONS = redis_transport_options(
+            visibility_timeout=3600
+        )
+        url, timeout = "redis://127.0.0.1:{port}/0", REDIS_SOCKET_TIMEOUT_SECONDS
+    else:
+        settings.CELERY_BROKER_TRANSPORT_OPTIONS = rabbitmq_transport_options()
+        url = "amqp://guest:guest@127.0.0.1:{port}//"
+        timeout = RABBITMQ_SOCKET_TIMEOUT_SECONDS
     with silent_broker() as port:
         started = time.monotonic()
         with pytest.raises(CommandError, match="does not answer"):
-            check_broker(f"redis://127.0.0.1:{port}/0")
-    assert time.monotonic() - started < 4 * REDIS_SOCKET_TIMEOUT_SECONDS
+            check_broker(url.format(port=port))
+    assert time.monotonic() - started < 4 * timeout
