@@ -54,8 +54,10 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import redis
@@ -536,20 +538,27 @@ def purge_run(
     alone(target, writers, 32, 1.0)  # (warm-up)
     without, during = Hammered(), Hammered()
     runs: list[int] = []  # what each run of the task deleted
-    took = 0.0  # the seconds the task worked, in all
+    took = 0.0  # the seconds the task worked, in all (from sending to its answer)
+    waiting = ThreadPoolExecutor(1)
     try:
         while not runs or runs[-1]:
             got = hammer(target.url, "", target.token, 32, resting, writers)
             without = without.add(got)
             started = time.monotonic()
             sent = app.send_task(PURGE_TASK, kwargs={"max_seconds": working})
+            # (its answer waited for beside the writers: when it comes, the task
+            # stopped working)
+            answer = waiting.submit(answered, sent)
             got = hammer(target.url, "", target.token, 32, working, writers)
-            during = during.add(got)
-            runs.append(sent.get(timeout=600))
-            took += time.monotonic() - started
+            found, ended = answer.result()
+            took += ended - started
+            runs.append(found)
+            if found:  # (the last run finds nothing: the writers were alone)
+                during = during.add(got)
     except Exception as exc:
         raise RuntimeError(f"the purge task failed: {exc!r}") from exc
     finally:
+        waiting.shutdown()
         app.close()
     after = alone(target, writers, 32, seconds / 2)
     busy, calm = during.figures(), without.figures()
@@ -564,6 +573,11 @@ def purge_run(
         "after": after,
         "p99_ratio": ratio_of(busy["p99_ms"], calm["p99_ms"]),
     }
+
+
+def answered(sent: Any) -> tuple[int, float]:
+    """A sent task's answer, and when it came."""
+    return sent.get(timeout=600), time.monotonic()
 
 
 def emptying(cache: redis.Redis, make: Make) -> Make:
