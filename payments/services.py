@@ -1360,23 +1360,14 @@ def payments_stuck(*, older_than_seconds: int, limit: int = 100) -> list[int]:
     cannot keep a later payment, paid but its notification lost, from being asked.
     """
     cutoff = DatabaseNow(plus=-timedelta(seconds=older_than_seconds))
-    with transaction.atomic(savepoint=False):
-        ids = list(
-            Payment.objects.filter(
-                method=Payment.Method.PROVIDER,
-                status=Payment.Status.PENDING,
-                created_at__lt=cutoff,
-                # Parked: staff re-drive it once its cause is fixed.
-                redrive_parked_at__isnull=True,
-            )
-            # Two re-drives at once (a beat's run overlapping the next) share the
-            # work instead of both asking about the same payments.
-            .select_for_update(skip_locked=True)
-            .order_by(F("provider_asked_at").asc(nulls_first=True), "pk")
-            .values_list("pk", flat=True)[:limit]
-        )
-        Payment.objects.filter(pk__in=ids).update(provider_asked_at=Now())
-    return ids
+    stuck = Payment.objects.filter(
+        method=Payment.Method.PROVIDER,
+        status=Payment.Status.PENDING,
+        created_at__lt=cutoff,
+        # Parked: staff re-drive it once its cause is fixed.
+        redrive_parked_at__isnull=True,
+    )
+    return _least_recently_asked(stuck, limit)
 
 
 def payments_to_reconcile(
@@ -1394,18 +1385,25 @@ def payments_to_reconcile(
     """
     settled_since = DatabaseNow(plus=-timedelta(seconds=settled_within_seconds))
     asked_before = DatabaseNow(plus=-timedelta(seconds=asked_every_seconds))
+    due = Payment.objects.filter(
+        Q(provider_asked_at__isnull=True) | Q(provider_asked_at__lt=asked_before),
+        method=Payment.Method.PROVIDER,
+        status=Payment.Status.SUCCEEDED,
+        succeeded_at__gte=settled_since,
+        # Parked (its refund refused): staff re-drive it, as a stuck one.
+        redrive_parked_at__isnull=True,
+    )
+    return _least_recently_asked(due, limit)
+
+
+def _least_recently_asked(payments: QuerySet[Payment], limit: int) -> list[int]:
+    """Ids of up to `limit` of `payments`, the least recently asked first, each
+    stamped as asked now in the same transaction. Rows another run holds are
+    skipped: two runs at once (a beat's run overlapping the next) share the work
+    instead of both asking about the same payments."""
     with transaction.atomic(savepoint=False):
         ids = list(
-            Payment.objects.filter(
-                Q(provider_asked_at__isnull=True)
-                | Q(provider_asked_at__lt=asked_before),
-                method=Payment.Method.PROVIDER,
-                status=Payment.Status.SUCCEEDED,
-                succeeded_at__gte=settled_since,
-                # Parked (its refund refused): staff re-drive it, as a stuck one.
-                redrive_parked_at__isnull=True,
-            )
-            .select_for_update(skip_locked=True)
+            payments.select_for_update(skip_locked=True)
             .order_by(F("provider_asked_at").asc(nulls_first=True), "pk")
             .values_list("pk", flat=True)[:limit]
         )
