@@ -268,3 +268,30 @@ class Customer:
 
     def deposits(self) -> int:
         return JournalEntry.objects.filter(postings__account=self.wallet).count()
+
+
+def gauge(name: str, client: Any = None) -> float:
+    """The value of the metric family `name` on `/metrics` (its first sample)."""
+    from django.test import Client
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = (client or Client()).get("/metrics").content.decode()
+    (family,) = [f for f in text_string_to_metric_families(text) if f.name == name]
+    return family.samples[0].value
+
+
+def command_lines(name: str, *args: str) -> tuple[list[dict], Any]:
+    """Run a command that prints one JSON line per row it handled: its lines, and
+    the CommandError it exited 1 with (None if it exited 0)."""
+    from io import StringIO
+
+    from django.core.management import CommandError, call_command
+
+    out = StringIO()
+    try:
+        call_command(name, *args, stdout=out)
+        error = None
+    except CommandError as exc:
+        assert exc.returncode == 1
+        error = exc
+    return [json.loads(line) for line in out.getvalue().splitlines()], error

@@ -13,7 +13,6 @@ import pytest
 from django.core.management import CommandError, call_command
 from django.db import OperationalError, connection, transaction
 from django.utils import timezone
-from prometheus_client.parser import text_string_to_metric_families
 
 from ledger.invariants import ledger_report
 from ledger.models import JournalEntry
@@ -36,8 +35,10 @@ from payments.tasks import provider_event_process_task, redrive_inbox
 from tests.conftest import run_in_threads
 from tests.helpers import (
     balance,
+    command_lines,
     customer,
     event_body,
+    gauge,
     pending_provider_payment,
     place_order,
     post_callback,
@@ -110,25 +111,11 @@ def check_ledger() -> tuple[dict, str]:
 
 
 def parked_gauge(client) -> float:
-    text = client.get("/metrics").content.decode()
-    (family,) = [
-        f
-        for f in text_string_to_metric_families(text)
-        if f.name == "payments_provider_events_parked"
-    ]
-    return family.samples[0].value
+    return gauge("payments_provider_events_parked", client)
 
 
 def redrive_command(*args: str) -> tuple[list[dict], CommandError | None]:
-    out = StringIO()
-    try:
-        call_command("redrive_provider_events", *args, stdout=out)
-        error = None
-    except CommandError as exc:
-        assert exc.returncode == 1
-        error = exc
-    lines = [json.loads(line) for line in out.getvalue().splitlines()]
-    return lines, error
+    return command_lines("redrive_provider_events", *args)
 
 
 def test_a_failing_callback_is_parked_after_max_attempts_and_kept(

@@ -8,18 +8,14 @@ simulator answers over real HTTP; the re-drive's task runs on PostgreSQL.
 """
 
 import contextlib
-import json
 import socket
 import time
 from collections.abc import Iterator
-from io import StringIO
 
 import pytest
-from django.core.management import CommandError, call_command
+from django.core.management import CommandError
 from django.db import connection, transaction
-from django.test import Client
 from django.utils import timezone
-from prometheus_client.parser import text_string_to_metric_families
 
 from ledger.invariants import ledger_report
 from ledger.models import JournalEntry
@@ -35,7 +31,13 @@ from payments.services import (
 )
 from payments.tasks import payment_redrive_task, redrive_pending_payments
 from tests.conftest import run_in_threads
-from tests.helpers import customer, pending_provider_payment, place_order
+from tests.helpers import (
+    command_lines,
+    customer,
+    gauge,
+    pending_provider_payment,
+    place_order,
+)
 from tests.payments.test_beat import settle_at_provider
 from tests.payments.test_redrive_outcomes import (
     ASKED,
@@ -190,25 +192,11 @@ def test_racing_staff_redrive_it_once(refunded_on_frozen):
 
 
 def parked_gauge() -> float:
-    text = Client().get("/metrics").content.decode()
-    (family,) = [
-        f
-        for f in text_string_to_metric_families(text)
-        if f.name == "payments_provider_payments_parked"
-    ]
-    return family.samples[0].value
+    return gauge("payments_provider_payments_parked")
 
 
 def redrive_command(*args: str) -> tuple[list[dict], CommandError | None]:
-    out = StringIO()
-    try:
-        call_command("redrive_parked_payments", *args, stdout=out)
-        error = None
-    except CommandError as exc:
-        assert exc.returncode == 1
-        error = exc
-    lines = [json.loads(line) for line in out.getvalue().splitlines()]
-    return lines, error
+    return command_lines("redrive_parked_payments", *args)
 
 
 def test_metrics_count_parked_payments(refunded_on_frozen):
@@ -426,3 +414,24 @@ def test_a_parked_payment_settled_another_way_is_no_warning():
     report = ledger_report()
     assert report["ok"], report["violations"]
     assert not any("parked" in w for w in report["warnings"]), report["warnings"]
+
+
+def test_the_command_stops_at_a_provider_that_does_not_answer(
+    refunded_on_frozen, settings
+):
+    """No traceback: the payment the provider did not answer for is beat's again
+    (unparked), the rest stay parked, and the command says so and exits 1."""
+    payment, merchant = refunded_on_frozen
+    park(payment)
+    other = parked_too(payment, "lou")
+    account_unfreeze(account_id=merchant.pk)
+    with silent_provider(settings):
+        lines, error = redrive_command()
+    assert lines == [
+        {"payment": payment.pk, "redriven": True, "error": "provider_unavailable"}
+    ]
+    assert str(error) == "1 payment(s) refused again; 1 not tried, still parked"
+    assert_untouched(payment)
+    assert payments_stuck(older_than_seconds=60) == [payment.pk]
+    other.refresh_from_db()
+    assert other.redrive_parked_at is not None

@@ -4,6 +4,8 @@ import json
 
 from django.core.management.base import BaseCommand, CommandError
 
+from ledger.exceptions import DomainError
+from payments.exceptions import ProviderUnavailable
 from payments.models import Payment
 from payments.selectors import payments_parked
 from payments.services import payment_redrive_parked
@@ -17,7 +19,8 @@ class Command(BaseCommand):
         "PAYMENT_REDRIVE_MAX_ATTEMPTS times) once each: ask the provider again and "
         "apply its answer. Every parked one, or those named by --payment. Prints "
         "one JSON line per payment; exits 1 if a named payment is unknown or a "
-        "re-drive was refused again. Safe to run twice, or twice at once."
+        "re-drive was refused again (a provider that does not answer stops it: the "
+        "rest stay parked). Safe to run twice, or twice at once."
     )
 
     def add_arguments(self, parser) -> None:
@@ -52,10 +55,21 @@ class Command(BaseCommand):
             ids = list(dict.fromkeys(sane[name] for name in names))
         else:
             ids = list(payments_parked().values_list("pk", flat=True))
-        failed = 0
-        for pk in ids:
+        failed = left = 0
+        for done, pk in enumerate(ids):
             # Outside any transaction: the re-drive asks the provider.
-            payment, redriven = payment_redrive_parked(payment_id=pk)
+            try:
+                payment, redriven = payment_redrive_parked(payment_id=pk)
+            except DomainError as refused:
+                # Unparked already: beat re-drives it from now on. A provider that
+                # does not answer would not for the rest either: they stay parked.
+                failed += 1
+                line = {"payment": pk, "redriven": True, "error": refused.code}
+                self.stdout.write(json.dumps(line, sort_keys=True))
+                if isinstance(refused, ProviderUnavailable):
+                    left = len(ids) - done - 1
+                    break
+                continue
             if redriven and payment.redrive_attempts:
                 failed += 1  # refused again: counted as a first attempt
             line = {
@@ -68,4 +82,7 @@ class Command(BaseCommand):
             }
             self.stdout.write(json.dumps(line, sort_keys=True))
         if failed:
-            raise CommandError(f"{failed} payment(s) refused again", returncode=1)
+            untried = f"; {left} not tried, still parked" if left else ""
+            raise CommandError(
+                f"{failed} payment(s) refused again{untried}", returncode=1
+            )
