@@ -1,6 +1,7 @@
 import sys
 import threading
 from collections.abc import Callable, Iterator
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -161,6 +162,23 @@ class Background(threading.Thread):
 def on_postgres() -> None:
     if connection.vendor != "postgresql":
         pytest.skip("needs PostgreSQL")
+
+
+@pytest.fixture
+def host_clock(monkeypatch) -> Callable[[timedelta], None]:
+    """`host_clock(skew)` sets this host's clock (`django.utils.timezone.now`, as the
+    code reads it) `skew` away from the database's, which is left alone. PostgreSQL
+    only: on SQLite the database's clock is this host's."""
+    from django.utils import timezone
+
+    if connection.vendor != "postgresql":
+        pytest.skip("on SQLite the database's clock is this host's")
+    real_now = timezone.now
+
+    def skew(by: timedelta) -> None:
+        monkeypatch.setattr("django.utils.timezone.now", lambda: real_now() + by)
+
+    return skew
 
 
 @pytest.fixture

@@ -9,7 +9,6 @@ from datetime import datetime, timedelta
 
 import pytest
 from django.db import connection
-from django.utils import timezone
 
 from idempotency import records
 from idempotency.completer import complete_stuck
@@ -20,19 +19,6 @@ from idempotency.sql import DatabaseNow
 pytestmark = [pytest.mark.django_db, pytest.mark.urls("tests.idempotency.urls")]
 PHASED = "/test/phased-deposits"
 MINUTES = timedelta(minutes=10)
-
-
-@pytest.fixture
-def host_clock(monkeypatch):
-    """Set this host's clock `skew` away from the true time."""
-    if connection.vendor != "postgresql":
-        pytest.skip("on SQLite the database's clock is this host's")
-    real_now = timezone.now
-
-    def skew(by: timedelta) -> None:
-        monkeypatch.setattr("django.utils.timezone.now", lambda: real_now() + by)
-
-    return skew
 
 
 def db_now() -> datetime:

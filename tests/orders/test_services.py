@@ -305,19 +305,6 @@ def test_purge_refuses_bad_numbers_and_deletes_nothing(args):
     assert PreOrder.objects.count() == 1
 
 
-@pytest.fixture
-def host_clock(monkeypatch):
-    """Set this host's clock `skew` away from the database's."""
-    if connection.vendor != "postgresql":
-        pytest.skip("on SQLite the database's clock is this host's")
-    real_now = timezone.now
-
-    def skew(by: timedelta) -> None:
-        monkeypatch.setattr("django.utils.timezone.now", lambda: real_now() + by)
-
-    return skew
-
-
 def test_a_numbers_life_is_timed_by_the_database_clock(settings, host_clock):
     # Issued by a host running an hour slow, a number still lives its full time;
     # used through a host an hour fast, it has not expired yet.
