@@ -735,11 +735,23 @@ def payment_settle(
     `amount_mismatch`), the order left as it was; `check_ledger` names it until the
     provider has given it back. A charge that another payment of the order has
     booked already (a pay request opened after it, which never got a charge of
-    its own) is not this payment's money: a pending payment fails instead.
+    its own) is not this payment's money: a pending payment fails instead. An
+    answer about a charge that is not this payment's at all (`_not_its_charge`)
+    changes nothing: booked here, it would be money this payment never collected,
+    or a charge booked twice.
     """
     with transaction.atomic(savepoint=False):
         order, payment = _lock(payment_id)
         if payment.status in (Payment.Status.SUCCEEDED, Payment.Status.REFUNDED):
+            return payment
+        if _not_its_charge(payment, provider_txn_id):
+            logger.warning(
+                "the provider's answer about charge %s is not payment %s's (%s): "
+                "not settled",
+                provider_txn_id,
+                payment.pk,
+                payment.provider_txn_id or "none recorded",
+            )
             return payment
         if _charge_booked_by_another(payment, provider_txn_id):
             if payment.status == Payment.Status.PENDING:
@@ -794,6 +806,24 @@ def payment_settle(
         order_mark_paid(order_id=order.pk)
         shipment_create(order_id=order.pk)
     return payment
+
+
+def _not_its_charge(payment: Payment, provider_txn_id: str) -> bool:
+    """Whether the provider's answer names a charge that is not the payment's: the
+    payment recorded another transaction (the charge the provider opened for it,
+    never overwritten), or, none recorded yet, the transaction is one that a
+    payment of another order recorded (the provider's transactions are its
+    charges, one per merchant order number). An answer naming none is taken as
+    about the payment's own."""
+    if not provider_txn_id:
+        return False
+    if payment.provider_txn_id:
+        return payment.provider_txn_id != provider_txn_id
+    return (
+        Payment.objects.filter(provider_txn_id=provider_txn_id)
+        .exclude(order_id=payment.order_id)
+        .exists()
+    )
 
 
 def _charge_booked_by_another(payment: Payment, provider_txn_id: str) -> bool:

@@ -458,7 +458,8 @@ def test_a_late_provider_success_given_back_while_sweeps_run(on_postgres):
         if i < 6:
             with transaction.atomic(durable=True):
                 return payment_settle(
-                    payment_id=payments[i].pk, provider_txn_id=f"late-{i}"
+                    payment_id=payments[i].pk,
+                    provider_txn_id=payments[i].provider_txn_id,
                 ).status
         return [sweep_merchant_sub_accounts() for _ in range(10)]
 
