@@ -1,7 +1,10 @@
 """Schema changes that a live database takes without stopping its writers."""
 
-from django.contrib.postgres.operations import AddIndexConcurrently
-from django.db.migrations import AddIndex
+from django.contrib.postgres.operations import (
+    AddIndexConcurrently,
+    RemoveIndexConcurrently,
+)
+from django.db.migrations import AddIndex, RemoveIndex
 
 
 class AddIndexOnline(AddIndexConcurrently):
@@ -21,7 +24,22 @@ class AddIndexOnline(AddIndexConcurrently):
         way.database_backwards(self, app_label, schema_editor, from_state, to_state)
 
 
-def _way(schema_editor) -> type[AddIndex]:
+class RemoveIndexOnline(RemoveIndexConcurrently):
+    """`RemoveIndex` that lets writes go on while the index is dropped: `DROP INDEX
+    CONCURRENTLY` on PostgreSQL, a plain one elsewhere. Its migration must say
+    `atomic = False`.
+    """
+
+    def database_forwards(self, app_label, schema_editor, from_state, to_state):
+        way = _way(schema_editor, RemoveIndexConcurrently, RemoveIndex)
+        way.database_forwards(self, app_label, schema_editor, from_state, to_state)
+
+    def database_backwards(self, app_label, schema_editor, from_state, to_state):
+        way = _way(schema_editor, RemoveIndexConcurrently, RemoveIndex)
+        way.database_backwards(self, app_label, schema_editor, from_state, to_state)
+
+
+def _way(schema_editor, online: type = AddIndexConcurrently, plain: type = AddIndex):
     if schema_editor.connection.vendor == "postgresql":
-        return AddIndexConcurrently
-    return AddIndex
+        return online
+    return plain
