@@ -111,6 +111,13 @@ class Payment(ProtectedStateMixin, ConcurrentTransitionMixin, models.Model):
     redrive_parked_at = models.DateTimeField(
         _("re-drive parked"), null=True, blank=True
     )
+    # A provider payment settled before the reconciliation's window (as of its last
+    # run, which sets it and clears it: `payments_to_reconcile`): left out of the
+    # index of payments it asks about, so that a run reads the payments it asks
+    # about, not every success ever made nor every one asked lately.
+    reconcile_retired = models.BooleanField(
+        _("past the reconciliation window"), default=False, db_default=False
+    )
 
     class ChargeCancel(models.TextChoices):
         NONE = "", _("No cancel to follow up")
@@ -164,11 +171,33 @@ class Payment(ProtectedStateMixin, ConcurrentTransitionMixin, models.Model):
                 condition=Q(charge_cancel="pending"),
                 name="payment_charge_cancel_pending",
             ),
-            # Beat's reconciliation: provider payments settled within its window.
+            # Beat's reconciliation: the settled provider payments entering and
+            # leaving its window, by settlement time ...
             models.Index(
-                fields=["succeeded_at"],
+                fields=["reconcile_retired", "succeeded_at"],
                 condition=Q(method="provider", status="succeeded"),
-                name="payment_provider_settled",
+                name="payment_reconcile_window",
+            ),
+            # ... and those within it, by when the provider was last asked: a run
+            # walks the never asked, then the least recently asked, and stops at
+            # its batch (tests/payments/test_sweep_plans.py).
+            models.Index(
+                fields=["provider_asked_at", "id"],
+                condition=Q(
+                    method="provider",
+                    status="succeeded",
+                    reconcile_retired=False,
+                    redrive_parked_at__isnull=True,
+                ),
+                name="payment_reconcile_asked",
+            ),
+            # Beat's re-drive of stuck payments, in the same order.
+            models.Index(
+                fields=["provider_asked_at", "id"],
+                condition=Q(
+                    method="provider", status="pending", redrive_parked_at__isnull=True
+                ),
+                name="payment_pending_asked",
             ),
             # `/metrics` counts the parked ones on every scrape; the admin's
             # filter lists them.

@@ -1400,6 +1400,11 @@ def payments_stuck(*, older_than_seconds: int, limit: int = 100) -> list[int]:
     return _least_recently_asked(stuck, limit)
 
 
+# Payments a reconciliation run moves out of (or back into) its window in one
+# statement: those settled in a minute, a month ago, are far fewer.
+RETIRE_BATCH = 1000
+
+
 def payments_to_reconcile(
     *, settled_within_seconds: int, asked_every_seconds: int, limit: int = 100
 ) -> list[int]:
@@ -1415,28 +1420,83 @@ def payments_to_reconcile(
     """
     settled_since = DatabaseNow(plus=-timedelta(seconds=settled_within_seconds))
     asked_before = DatabaseNow(plus=-timedelta(seconds=asked_every_seconds))
-    due = Payment.objects.filter(
-        Q(provider_asked_at__isnull=True) | Q(provider_asked_at__lt=asked_before),
-        method=Payment.Method.PROVIDER,
-        status=Payment.Status.SUCCEEDED,
-        succeeded_at__gte=settled_since,
-        # Parked (its refund refused): staff re-drive it, as a stuck one.
-        redrive_parked_at__isnull=True,
+    settled = Payment.objects.filter(
+        method=Payment.Method.PROVIDER, status=Payment.Status.SUCCEEDED
     )
-    return _least_recently_asked(due, limit)
-
-
-def _least_recently_asked(payments: QuerySet[Payment], limit: int) -> list[int]:
-    """Ids of up to `limit` of `payments`, the least recently asked first, each
-    stamped as asked now in the same transaction. Rows another run holds are
-    skipped: two runs at once (a beat's run overlapping the next) share the work
-    instead of both asking about the same payments."""
     with transaction.atomic(savepoint=False):
-        ids = list(
-            payments.select_for_update(skip_locked=True)
-            .order_by(F("provider_asked_at").asc(nulls_first=True), "pk")
-            .values_list("pk", flat=True)[:limit]
+        # Keep the index of payments to ask about to the window's payments (move
+        # the few that left it since the last run, and those a window made wider
+        # takes in again), so that the batch is found without reading the
+        # window's payments, let alone every success ever made. The window's
+        # condition stays below: a payment another transaction held, left in
+        # the index past the window until the next run, is not asked about.
+        _retire(
+            settled.filter(reconcile_retired=True, succeeded_at__gte=settled_since),
+            False,
         )
+        _retire(
+            settled.filter(reconcile_retired=False, succeeded_at__lt=settled_since),
+            True,
+        )
+        due = settled.filter(
+            reconcile_retired=False,
+            succeeded_at__gte=settled_since,
+            # Parked (its refund refused): staff re-drive it, as a stuck one.
+            redrive_parked_at__isnull=True,
+        )
+        return _least_recently_asked(due, limit, asked_before=asked_before)
+
+
+def _retire(payments: QuerySet[Payment], retired: bool) -> None:
+    """Mark `payments` past (or within) the reconciliation's window, those no other
+    transaction holds (the next run moves them).
+
+    RETIRE_BATCH at a time, in the order of the index that finds them: the planner
+    cannot know that hardly any settled payment is on the wrong side of the window
+    (the column is false on nearly every other payment) and, without a bound,
+    could read the whole table for the few. The ids first for the same reason: an
+    update whose condition is a subquery gets a plan that joins the whole table.
+    """
+    free = payments.order_by("succeeded_at").select_for_update(skip_locked=True)
+    while ids := list(free.values_list("pk", flat=True)[:RETIRE_BATCH]):
+        Payment.objects.filter(pk__in=ids).update(reconcile_retired=retired)
+        if len(ids) < RETIRE_BATCH:
+            break
+
+
+def _least_recently_asked(
+    payments: QuerySet[Payment],
+    limit: int,
+    *,
+    asked_before: DatabaseNow | None = None,
+) -> list[int]:
+    """Ids of up to `limit` of `payments` never asked about or (if `asked_before`)
+    last asked before it, the least recently asked first (never asked: first of
+    all, by id), each stamped as asked now in the same transaction. Rows another
+    run holds are skipped: two runs at once (a beat's run overlapping the next)
+    share the work instead of both asking about the same payments.
+
+    Two walks of an index by (`provider_asked_at`, id), each with its condition on
+    the index and stopping at the batch, in place of one query whose "never asked
+    or asked before" only a filter can check: that one reads every payment asked
+    since when fewer than a batch are due."""
+    with transaction.atomic(savepoint=False):
+        locked = payments.select_for_update(skip_locked=True)
+        # Ordered as the index is (all the never asked have the same, empty
+        # stamp): by id alone, the planner walks the primary key from the oldest
+        # payment ever made, hoping to meet the batch early.
+        in_order = ("provider_asked_at", "pk")
+        never = locked.filter(provider_asked_at__isnull=True).order_by(*in_order)
+        ids = list(never.values_list("pk", flat=True)[:limit])
+        if len(ids) < limit:
+            asked = (
+                locked.filter(provider_asked_at__isnull=False)
+                if asked_before is None
+                else locked.filter(provider_asked_at__lt=asked_before)
+            )
+            ids += asked.order_by(*in_order).values_list("pk", flat=True)[
+                : limit - len(ids)
+            ]
         Payment.objects.filter(pk__in=ids).update(provider_asked_at=Now())
     return ids
 

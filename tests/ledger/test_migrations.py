@@ -168,3 +168,48 @@ def test_payments_cancelled_before_the_charge_cancel_column_are_not_sent_again(
     )
     assert list(rows) == [("Told", "", None), ("Tnew", "", None)]
     assert charges_to_cancel(older_than_seconds=60) == []
+
+
+@pytest.mark.django_db(transaction=True)
+def test_payments_settled_before_the_reconciliation_window_are_left_out(on_postgres):
+    """payments' 0018 marks the provider payments settled before the window
+    `reconcile_retired`, so that the reconciliation's first run does not mark them
+    all in one statement; the others, and a payment a process of the release before
+    it inserts (a rolling deploy), have the column's database default."""
+    from payments.models import Payment
+    from payments.services import payments_to_reconcile
+    from tests.factories import OrderFactory
+
+    orders = [OrderFactory() for _ in range(4)]
+    insert = (
+        "INSERT INTO payments_payment (order_id, method, amount, currency, status,"
+        " updated_at, succeeded_at, provider_txn_id, pay_url)"
+        " VALUES (%s, %s, 1000, 'CNY', 'succeeded', now(), now() - %s::interval,"
+        " '', '')"
+    )
+    migrate([("payments", "0017_payment_redrive_parked_index")])
+    try:
+        with connection.cursor() as cursor:
+            for order, method, ago in zip(
+                orders[:3],
+                ["provider", "provider", "balance"],
+                ["400 days", "1 day", "400 days"],
+                strict=True,
+            ):
+                cursor.execute(insert, [order.pk, method, ago])
+    finally:
+        migrate()
+    with connection.cursor() as cursor:  # the previous release, after the migration
+        cursor.execute(insert, [orders[3].pk, "provider", "2 days"])
+    rows = Payment.objects.order_by("pk").values_list("method", "reconcile_retired")
+    assert list(rows) == [
+        ("provider", True),
+        ("provider", False),
+        ("balance", False),
+        ("provider", False),
+    ]
+    recent = Payment.objects.filter(reconcile_retired=False, method="provider")
+    asked = payments_to_reconcile(
+        settled_within_seconds=30 * 86400, asked_every_seconds=3600
+    )
+    assert asked == [p.pk for p in recent.order_by("pk")]

@@ -16,13 +16,11 @@ import threading
 from datetime import timedelta
 
 import pytest
-from django.db import connection, transaction
-from django.test.utils import CaptureQueriesContext
+from django.db import transaction
 from django.utils import timezone
 
 from ledger.invariants import ledger_report
 from ledger.models import JournalEntry
-from orders.models import Order
 from payments.checks import RECONCILE_SETTINGS, reconcile_settings_positive
 from payments.models import Payment, ProviderEvent, Refund
 from payments.provider.models import Charge
@@ -327,41 +325,6 @@ def test_no_callback_reports_a_refund(callbacks):
     payment.refresh_from_db()
     assert payment.status == Payment.Status.SUCCEEDED
     assert not Refund.objects.exists()
-
-
-@pytest.mark.django_db(transaction=True)
-def test_a_run_reads_only_the_window_through_its_index(on_postgres):
-    """The batch is found by the settlement time of provider payments, so a run
-    reads the window's payments, not every success ever made (the index of one
-    success per order would find these too, all of them)."""
-    user, _, _ = customer("dot")
-    old = timezone.now() - timedelta(days=400)
-    orders = Order.objects.bulk_create(
-        Order(owner=user, merchant_order_no=f"old-{i}", amount=1000, currency="CNY")
-        for i in range(2000)
-    )
-    Payment.objects.bulk_create(
-        Payment(
-            order=order,
-            method=method,
-            amount=1000,
-            currency="CNY",
-            status=Payment.Status.SUCCEEDED,
-            succeeded_at=old,
-        )
-        for order, method in zip(orders, ["balance", "provider"] * 1000, strict=True)
-    )
-    recent = [settled(user) for _ in range(3)]
-    with CaptureQueriesContext(connection) as captured:
-        assert to_reconcile() == recent
-    (select,) = [q["sql"] for q in captured if q["sql"].startswith("SELECT")]
-    with transaction.atomic(), connection.cursor() as cursor:
-        cursor.execute("ANALYZE payments_payment")
-        cursor.execute("SET LOCAL enable_seqscan = off")
-        cursor.execute("EXPLAIN " + select)
-        plan = "\n".join(row[0] for row in cursor.fetchall())
-    assert "payment_provider_settled" in plan, plan
-    assert "Index Cond: (succeeded_at >=" in plan, plan
 
 
 def test_beat_reconciles_every_minute(settings):
