@@ -188,39 +188,48 @@ def available_not_negative() -> list[str]:
     ]
 
 
+# How a violation names what a sub-account should be, by its kind.
+_SUB_ACCOUNT_OF: dict[str, str] = {
+    Account.Kind.MERCHANT: "a merchant sub-account of merchant account",
+    Account.Kind.EXTERNAL: "an external sub-account of external account",
+}
+
+
 @invariant
-def merchant_sub_accounts_belong() -> list[str]:
+def sub_accounts_belong() -> list[str]:
     """A sub-account (MERCHANT_SUB_ACCOUNTS) is a merchant account under a
-    merchant's own account of its currency, and never holds money back."""
+    merchant's own account of its currency, or an external account under the
+    outside world's own account of its currency, and never holds money back."""
     astray = (
         Account.objects.filter(parent__isnull=False)
         .exclude(
-            Q(kind=Account.Kind.MERCHANT, held=0)
-            & Q(parent__kind=Account.Kind.MERCHANT, parent__parent__isnull=True)
+            Q(kind__in=list(_SUB_ACCOUNT_OF), held=0)
+            & Q(parent__kind=F("kind"), parent__parent__isnull=True)
             & Q(currency=F("parent__currency"))
         )
-        .values_list("pk", "parent_id")
+        .values_list("pk", "kind", "parent_id")
     )
     return [
-        f"account {pk} is not a merchant sub-account of merchant account {parent}"
-        for pk, parent in astray
+        f"account {pk} is not "
+        f"{_SUB_ACCOUNT_OF.get(kind, 'a sub-account of account')} {parent}"
+        for pk, kind, parent in astray
     ]
 
 
 @warning_check
-def merchant_sub_accounts_follow_their_merchant() -> list[str]:
-    """A sub-account left active under a frozen or closed merchant (created by a
-    payment in the moment staff froze or closed the merchant): its money moves
-    only once staff freeze or close it too, or reopen the merchant."""
+def sub_accounts_follow_their_parent() -> list[str]:
+    """A sub-account left active under a frozen or closed merchant (or outside
+    world; created by a payment in the moment staff froze or closed it): its money
+    moves only once staff freeze or close it too, or reopen its parent."""
     astray = (
         Account.objects.filter(parent__isnull=False, status=Account.Status.ACTIVE)
         .exclude(parent__status=Account.Status.ACTIVE)
-        .values_list("pk", "parent_id", "parent__status")
+        .values_list("pk", "kind", "parent_id", "parent__status")
     )
     return [
-        f"merchant sub-account {pk} is active under merchant account {parent}, "
+        f"{kind} sub-account {pk} is active under {kind} account {parent}, "
         f"which is {status}"
-        for pk, parent, status in astray
+        for pk, kind, parent, status in astray
     ]
 
 

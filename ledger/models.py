@@ -60,6 +60,7 @@ class Account(models.Model):
     status_version = models.PositiveIntegerField(_("status version"), default=0)
     # A merchant's sub-account (MERCHANT_SUB_ACCOUNTS): payments credit it instead
     # of the merchant's own row, and `merchant_sweep` moves its balance up here.
+    # The outside world's sub-accounts take provider payments' other side alike.
     parent = models.ForeignKey(
         "self",
         verbose_name=_("sweeps into"),
@@ -86,8 +87,8 @@ class Account(models.Model):
                 name="account_held_within_balance",
             ),
             models.CheckConstraint(
-                condition=Q(parent__isnull=True) | Q(kind="merchant"),
-                name="account_only_merchants_have_a_parent",
+                condition=Q(parent__isnull=True) | Q(kind__in=["merchant", "external"]),
+                name="account_only_merchant_or_external_have_a_parent",
             ),
             models.UniqueConstraint(
                 fields=["owner", "currency"],

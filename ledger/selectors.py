@@ -34,13 +34,13 @@ def transfer_batch_get(*, user: User, batch_id: int) -> list[Transfer]:
 
 
 def merchant_sub_accounts_to_sweep() -> QuerySet[Account]:
-    """The merchant sub-accounts holding money a sweep would move up: active ones
-    (money leaves only an active account) under a merchant account that is not
-    closed (a closed account takes no money)."""
+    """The sub-accounts (a merchant's, the outside world's) holding money a sweep
+    would move up: active ones (money leaves only an active account) under a parent
+    that is not closed (a closed account takes no money). An outside sub-account's
+    balance is below zero as a rule: swept, it is what leaves the parent."""
     return (
-        Account.objects.filter(
-            parent__isnull=False, balance__gt=0, status=Account.Status.ACTIVE
-        )
+        Account.objects.filter(parent__isnull=False, status=Account.Status.ACTIVE)
+        .exclude(balance=0)
         .exclude(parent__status=Account.Status.CLOSED)
         .order_by("pk")
     )

@@ -15,7 +15,7 @@ record that remembers the answer, so callers are allowed to wrap them.
 import time
 import zlib
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, cast
@@ -229,21 +229,43 @@ def ledger_post(
     return entry
 
 
+def external_code(currency: str) -> str:
+    return f"external-{currency.lower()}"
+
+
 def external_account(*, currency: str) -> Account:
     """The outside world for `currency`: the source of deposits."""
     account, _ = Account.objects.get_or_create(
-        code=f"external-{currency.lower()}",
+        code=external_code(currency),
         defaults={"kind": Account.Kind.EXTERNAL, "currency": currency},
     )
     return account
+
+
+def external_provider_account(*, currency: str, spread_by: str) -> Account:
+    """The outside world's account a provider payment moves: what its settlement
+    debits (and what a refund it gave back at once credits).
+
+    With `MERCHANT_SUB_ACCOUNTS` = N (2 or more), one of the outside world's N
+    sub-accounts (`external-cny-sub-3`), chosen by a hash of `spread_by` as
+    `merchant_credit_account` chooses the merchant's: concurrent settlements then
+    lock one of N rows on either side, not the one `external` row. Swept into the
+    external account like a merchant's. Otherwise the external account itself."""
+    return _spread_account(
+        external_account, external_code(currency), currency, spread_by
+    )
 
 
 def merchant_code(currency: str) -> str:
     return f"merchant-{currency.lower()}"
 
 
+def sub_account_code(code: str, number: int) -> str:
+    return f"{code}-sub-{number}"
+
+
 def merchant_sub_code(currency: str, number: int) -> str:
-    return f"{merchant_code(currency)}-sub-{number}"
+    return sub_account_code(merchant_code(currency), number)
 
 
 def merchant_account(*, currency: str) -> Account:
@@ -267,26 +289,33 @@ def merchant_credit_account(*, currency: str, spread_by: str) -> Account:
     or refuses the payment as it always would. Either way one lookup by code; a
     sub-account is created by the first payment that lands on it.
     """
+    return _spread_account(
+        merchant_account, merchant_code(currency), currency, spread_by
+    )
+
+
+def _spread_account(
+    main: Callable[..., Account], main_code: str, currency: str, spread_by: str
+) -> Account:
+    """`main(currency=...)` (whose code is `main_code`), or with
+    `MERCHANT_SUB_ACCOUNTS` >= 2 its sub-account that `spread_by` hashes to, made
+    on first use: see `merchant_credit_account`."""
     count = settings.MERCHANT_SUB_ACCOUNTS
     if count < 2:
-        return merchant_account(currency=currency)
-    code = merchant_sub_code(currency, zlib.crc32(spread_by.encode()) % count)
+        return main(currency=currency)
+    code = sub_account_code(main_code, zlib.crc32(spread_by.encode()) % count)
     account = Account.objects.select_related("parent").filter(code=code).first()
     if account is None:
-        merchant = merchant_account(currency=currency)
-        if _key_shared_status(merchant.pk) != Account.Status.ACTIVE:
-            return merchant
+        family = main(currency=currency)
+        if _key_shared_status(family.pk) != Account.Status.ACTIVE:
+            return family
         account, _ = Account.objects.select_related("parent").get_or_create(
             code=code,
-            defaults={
-                "kind": Account.Kind.MERCHANT,
-                "currency": currency,
-                "parent": merchant,
-            },
+            defaults={"kind": family.kind, "currency": currency, "parent": family},
         )
     parent = account.parent
     if parent is None:  # pragma: no cover - sub-account codes are the ledger's own
-        return merchant_account(currency=currency)
+        return main(currency=currency)
     active = Account.Status.ACTIVE
     return account if account.status == parent.status == active else parent
 
@@ -316,10 +345,11 @@ def sweep_reference(sub_account: Account) -> str:
 
 @transaction.atomic(savepoint=False)
 def merchant_sweep(*, account_id: int) -> JournalEntry | None:
-    """Move a merchant sub-account's whole balance up into its merchant's account,
-    once; None when it holds nothing.
+    """Move a sub-account's whole balance up into its parent (the merchant's
+    account, or the outside world's), once; None when it holds nothing. An outside
+    sub-account's balance is mostly below zero: the sweep then debits the parent.
 
-    One journal entry (sub-account -> merchant), in the caller's transaction. Both
+    One journal entry (sub-account -> parent), in the caller's transaction. Both
     rows are locked first, in primary-key order as every service takes them (a
     payment crediting the sub-account waits the moment this takes), so the amount
     posted is the balance; the entry's reference names the version swept
@@ -328,14 +358,14 @@ def merchant_sweep(*, account_id: int) -> JournalEntry | None:
     """
     parent_id = Account.objects.values_list("parent_id", flat=True).get(pk=account_id)
     if parent_id is None:
-        raise ValueError(f"account {account_id} is not a merchant sub-account")
+        raise ValueError(f"account {account_id} is not a sub-account")
     # FOR NO KEY UPDATE, as the UPDATEs take: a row being swept still lets other
     # transactions commit rows that point at it (a new sub-account, a posting).
     rows = Account.objects.select_for_update(no_key=True).filter(
         pk__in=(account_id, parent_id)
     )
     sub = {row.pk: row for row in rows.order_by("pk")}[account_id]
-    if sub.balance <= 0:
+    if sub.balance == 0:
         return None
     return ledger_post(
         reference=sweep_reference(sub),
@@ -640,6 +670,9 @@ def wallet_top_up(*, account_id: int, at_least: int) -> JournalEntry | None:
     )
 
 
+# The kinds of account that may have sub-accounts (`MERCHANT_SUB_ACCOUNTS`).
+_SPREAD_KINDS = (Account.Kind.MERCHANT, Account.Kind.EXTERNAL)
+
 # The states of a merchant's sub-accounts that follow it through each edge.
 _SUB_ACCOUNTS_FOLLOW = {
     "freeze": [Account.Status.ACTIVE],
@@ -698,8 +731,8 @@ def _account_transition(
         account.version += 1
         account.status_version += 1
         account.save(update_fields=["status", "version", "status_version"])
-        if account.kind == Account.Kind.MERCHANT and account.parent_id is None:
-            # A merchant's sub-accounts are its money: they take the same edge
+        if account.kind in _SPREAD_KINDS and account.parent_id is None:
+            # Sub-accounts are their parent's money: they take the same edge
             # (the state machine's, from the states it allows), in this
             # transaction. A payment already crediting one is waited for; one that
             # comes after finds it frozen or closed, as it would have found the
@@ -756,7 +789,7 @@ def _refuse_unless_empty(account: Account) -> None:
     crediting one now is waited for and its money seen (a filter on the balance
     would pass over a row whose credit has not committed yet)."""
     rows = [account]
-    if account.kind == Account.Kind.MERCHANT and account.parent_id is None:
+    if account.kind in _SPREAD_KINDS and account.parent_id is None:
         rows += (
             Account.objects.select_for_update(no_key=True)
             .filter(parent=account)

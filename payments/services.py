@@ -21,10 +21,10 @@ from django.utils import timezone
 from idempotency.engine import Phases
 from idempotency.sql import DatabaseNow, insert_unless_exists
 from ledger.exceptions import AccountNotActive, HoldNotActive
-from ledger.models import JournalEntry
+from ledger.models import JournalEntry, Posting
 from ledger.publishing import publish_within
 from ledger.services import (
-    external_account,
+    external_provider_account,
     hold_authorize,
     hold_capture,
     hold_expire,
@@ -535,14 +535,20 @@ def _refund_locked(
     payment's entry put it (`merchant_give_back`).
     """
     if payment.method == Payment.Method.BALANCE:
-        destination = wallet_get_or_create(
+        destination_id = wallet_get_or_create(
             owner_id=order.owner_id, currency=payment.currency
-        )
+        ).pk
     else:
-        # Provider money goes back where it came from: out through the provider.
-        destination = external_account(currency=payment.currency)
+        # Provider money goes back where it came from: out through the provider,
+        # to the outside account its settlement debited (one of the outside's
+        # sub-accounts, with MERCHANT_SUB_ACCOUNTS).
+        destination_id = (
+            Posting.objects.filter(entry_id=payment.journal_entry_id, amount__lt=0)
+            .values_list("account_id", flat=True)
+            .get()
+        )
     movement: dict[str, Any] = {
-        "destination_id": destination.pk,
+        "destination_id": destination_id,
         "amount": payment.amount,
         "currency": payment.currency,
         "reference": refund_reference(payment),
@@ -723,7 +729,8 @@ def payment_settle(
 
     One transaction under the order and payment locks. Settled already (a second
     event, a redelivered task, the re-drive): nothing happens. Otherwise the money
-    comes in from outside (external -> merchant, reference `provider:<payment>`),
+    comes in from outside (external -> merchant, reference `provider:<payment>`;
+    both sides spread over sub-accounts with `MERCHANT_SUB_ACCOUNTS`),
     the payment succeeds and the order moves to `paid` only forward, with its one
     shipment. If the order can no longer take the money (cancelled meanwhile, or
     paid by another payment) the success is refunded in the same transaction: the
@@ -775,7 +782,9 @@ def payment_settle(
             currency=payment.currency, spread_by=reference
         )
         entry = ledger_transfer(
-            source_id=external_account(currency=payment.currency).pk,
+            source_id=external_provider_account(
+                currency=payment.currency, spread_by=reference
+            ).pk,
             destination_id=merchant.pk,
             amount=payment.amount,
             currency=payment.currency,

@@ -69,7 +69,9 @@ def _spread(settings):
 
 
 def sub_accounts() -> list[Account]:
-    return list(Account.objects.filter(parent__isnull=False).order_by("pk"))
+    """The merchant's sub-accounts (the outside world's are spread alike)."""
+    subs = Account.objects.filter(parent__isnull=False, kind=Account.Kind.MERCHANT)
+    return list(subs.order_by("pk"))
 
 
 def in_subs() -> int:
