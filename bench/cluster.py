@@ -399,10 +399,13 @@ def merchant_sub_accounts(dsn: str) -> tuple[int, int]:
         (paid,) = conn.execute(
             "SELECT count(DISTINCT p.account_id) FROM ledger_posting p"
             " JOIN ledger_account a ON a.id = p.account_id"
-            " WHERE a.parent_id IS NOT NULL AND p.amount > 0"
+            " WHERE a.parent_id IS NOT NULL AND a.kind = 'merchant' AND p.amount > 0"
         ).fetchone() or (0,)
-        (sweeps,) = conn.execute(
-            "SELECT count(*) FROM ledger_journalentry WHERE reference LIKE 'sweep:%'"
+        (sweeps,) = conn.execute(  # (the outside world's sub-accounts are swept too)
+            "SELECT count(DISTINCT e.id) FROM ledger_journalentry e"
+            " JOIN ledger_posting p ON p.entry_id = e.id"
+            " JOIN ledger_account a ON a.id = p.account_id"
+            " WHERE e.reference LIKE 'sweep:%' AND a.kind = 'merchant'"
         ).fetchone() or (0,)
     return int(paid), int(sweeps)
 
