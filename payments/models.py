@@ -324,6 +324,10 @@ class Refund(models.Model):
         return f"refund {self.pk} of payment {self.payment_id}"
 
 
+# The outcome of a provider event about a charge that is not its payment's.
+_NOT_ITS_CHARGE = "not the payment's charge"
+
+
 class ProviderEvent(models.Model):
     """The inbox: every valid provider callback, stored before we answer 200.
 
@@ -331,13 +335,17 @@ class ProviderEvent(models.Model):
     each row once (`received` -> `processed`) and may be retried safely. An event
     whose processing keeps failing (a business refusal, not a lost connection) is
     `parked` after PROVIDER_EVENT_MAX_ATTEMPTS failed attempts: kept, no longer
-    re-driven by beat, until an operator re-drives it (`received` again).
+    re-driven by beat, until an operator re-drives it (`received` again). An event
+    about a charge that is not its payment's is processed changing nothing, with
+    the outcome NOT_ITS_CHARGE (the others read `payment <status>`).
     """
 
     class Status(models.TextChoices):
         RECEIVED = "received", _("Received")
         PROCESSED = "processed", _("Processed")
         PARKED = "parked", _("Parked")
+
+    NOT_ITS_CHARGE = _NOT_ITS_CHARGE
 
     event_id = models.CharField(_("event id"), max_length=128, unique=True)
     payment = models.ForeignKey(

@@ -752,13 +752,6 @@ def payment_settle(
         if payment.status in (Payment.Status.SUCCEEDED, Payment.Status.REFUNDED):
             return payment
         if _not_its_charge(payment, provider_txn_id):
-            logger.warning(
-                "the provider's answer about charge %s is not payment %s's (%s): "
-                "not settled",
-                provider_txn_id,
-                payment.pk,
-                payment.provider_txn_id or "none recorded",
-            )
             return payment
         if _charge_booked_by_another(payment, provider_txn_id):
             if payment.status == Payment.Status.PENDING:
@@ -823,16 +816,28 @@ def _not_its_charge(payment: Payment, provider_txn_id: str) -> bool:
     never overwritten), or, none recorded yet, the transaction is one that a
     payment of another order recorded (the provider's transactions are its
     charges, one per merchant order number). An answer naming none is taken as
-    about the payment's own."""
+    about the payment's own. Such an answer changes nothing, whether it settles,
+    fails or cancels (`payment_settle`, `_close_pending`, a callback's event):
+    logged here, once for all of them. The caller holds the payment's lock."""
     if not provider_txn_id:
         return False
     if payment.provider_txn_id:
-        return payment.provider_txn_id != provider_txn_id
-    return (
-        Payment.objects.filter(provider_txn_id=provider_txn_id)
-        .exclude(order_id=payment.order_id)
-        .exists()
-    )
+        other = payment.provider_txn_id != provider_txn_id
+    else:
+        other = (
+            Payment.objects.filter(provider_txn_id=provider_txn_id)
+            .exclude(order_id=payment.order_id)
+            .exists()
+        )
+    if other:
+        logger.warning(
+            "the provider's answer about charge %s is not payment %s's (%s): "
+            "nothing changes",
+            provider_txn_id,
+            payment.pk,
+            payment.provider_txn_id or "none recorded",
+        )
+    return other
 
 
 def _charge_booked_by_another(payment: Payment, provider_txn_id: str) -> bool:
@@ -866,7 +871,8 @@ def payment_apply_charge(
 
     No charge, or declined: the payment fails; cancelled: it is cancelled (both
     only from `pending`; given `recorded_txn_id`, the transaction the payment had
-    when the provider was asked, only while it still has that one). Collected:
+    when the provider was asked, only while it still has that one; and never by an
+    answer about a charge that is not the payment's, `_not_its_charge`). Collected:
     `payment_settle`, with the amount collected
     (another amount than asked is given back at once). Collected and then
     refunded at the provider: settled and refunded (reason
@@ -880,10 +886,16 @@ def payment_apply_charge(
     locks, so a callback, another re-drive or a repeat changes nothing more.
     """
     with transaction.atomic(savepoint=False):
-        if charge is None or charge.status == "FAILED":
+        if charge is None:
             return payment_fail(payment_id=payment_id, recorded_txn_id=recorded_txn_id)
+        if charge.status == "FAILED":
+            return payment_fail(
+                payment_id=payment_id,
+                recorded_txn_id=recorded_txn_id,
+                provider_txn_id=charge.txn_id,
+            )
         if charge.status == "CANCELLED":
-            return payment_cancel(payment_id=payment_id)
+            return payment_cancel(payment_id=payment_id, provider_txn_id=charge.txn_id)
         if charge.status not in _COLLECTED:
             return Payment.objects.get(pk=payment_id)
         if charge.status == "REFUNDED":
@@ -919,34 +931,49 @@ def payment_apply_charge(
 
 
 def _close_pending(
-    payment_id: int, edge: str, recorded_txn_id: str | None = None
+    payment_id: int,
+    edge: str,
+    recorded_txn_id: str | None = None,
+    provider_txn_id: str = "",
 ) -> Payment:
     """Take `edge` out of `pending` under the locks; anything else stays (the
     save is conditional on the status read: ConcurrentTransitionMixin). Given
-    `recorded_txn_id`, only a payment whose provider transaction is still that one."""
+    `recorded_txn_id`, only a payment whose provider transaction is still that one;
+    given the answer's `provider_txn_id`, only a payment whose charge it is."""
     with transaction.atomic(savepoint=False):
         _, payment = _lock(payment_id)
         unchanged = recorded_txn_id in (None, payment.provider_txn_id)
-        if payment.status == Payment.Status.PENDING and unchanged:
+        if (
+            payment.status == Payment.Status.PENDING
+            and unchanged
+            and not _not_its_charge(payment, provider_txn_id)
+        ):
             getattr(payment, edge)()
             payment.save()
     return payment
 
 
-def payment_fail(*, payment_id: int, recorded_txn_id: str | None = None) -> Payment:
+def payment_fail(
+    *, payment_id: int, recorded_txn_id: str | None = None, provider_txn_id: str = ""
+) -> Payment:
     """Mark a pending payment failed (the provider said so); anything else stays.
     With `recorded_txn_id` (the transaction it had when the provider was asked),
     one that has recorded another since stays pending: the provider's answer was
-    not about that charge."""
-    return _close_pending(payment_id, "fail", recorded_txn_id)
+    not about that charge. With `provider_txn_id` (the charge the provider says
+    was declined), one whose charge it is not stays pending (`_not_its_charge`)."""
+    return _close_pending(payment_id, "fail", recorded_txn_id, provider_txn_id)
 
 
-def payment_cancel(*, payment_id: int, recorded_txn_id: str | None = None) -> Payment:
+def payment_cancel(
+    *, payment_id: int, recorded_txn_id: str | None = None, provider_txn_id: str = ""
+) -> Payment:
     """Mark a pending provider payment cancelled (its charge was cancelled at the
     provider, or never reached it); anything else stays. With `recorded_txn_id`
     (the transaction it had when the provider was asked), one that has recorded
-    another since stays pending: that charge was not the one cancelled."""
-    return _close_pending(payment_id, "cancel", recorded_txn_id)
+    another since stays pending: that charge was not the one cancelled. With
+    `provider_txn_id` (the charge the provider says it cancelled), one whose charge
+    it is not stays pending (`_not_its_charge`)."""
+    return _close_pending(payment_id, "cancel", recorded_txn_id, provider_txn_id)
 
 
 def payment_cancel_open_charges(*, order_id: int) -> list[Payment]:
@@ -1208,17 +1235,30 @@ def _provider_event_apply(event: ProviderEvent) -> None:
     longer re-driven by beat, counted by `/metrics` and `check_ledger`, until an
     operator re-drives it (`provider_event_redrive`). A business refusal (a frozen
     merchant account) would otherwise be re-driven every minute for ever.
+
+    An event about a charge that is not its payment's (`_not_its_charge`: one
+    stored before the payment recorded its own) changes nothing and is processed
+    with the outcome `ProviderEvent.NOT_ITS_CHARGE`, which the admin filters and
+    `/metrics` counts; it is never applied or retried.
     """
+    txn = event.payload.get("provider_txn_id", "")
     try:
         with transaction.atomic():  # a savepoint: a failure rolls back to it
-            if event.kind == "SUCCESS":
-                payment = payment_settle(
-                    payment_id=event.payment_id,
-                    provider_txn_id=event.payload.get("provider_txn_id", ""),
-                    amount=event.payload.get("amount"),
-                )
+            _, payment = _lock(event.payment_id)
+            if _not_its_charge(payment, txn):
+                outcome = ProviderEvent.NOT_ITS_CHARGE
             else:
-                payment = payment_fail(payment_id=event.payment_id)
+                if event.kind == "SUCCESS":
+                    payment = payment_settle(
+                        payment_id=event.payment_id,
+                        provider_txn_id=txn,
+                        amount=event.payload.get("amount"),
+                    )
+                else:
+                    payment = payment_fail(
+                        payment_id=event.payment_id, provider_txn_id=txn
+                    )
+                outcome = f"payment {payment.status}"
     except (OperationalError, InterfaceError):
         raise  # the database itself: the task's retries, not a failed attempt
     except Exception as exc:
@@ -1246,7 +1286,7 @@ def _provider_event_apply(event: ProviderEvent) -> None:
         event.save(update_fields=fields)
         return
     event.status = ProviderEvent.Status.PROCESSED
-    event.outcome = f"payment {payment.status}"
+    event.outcome = outcome
     event.processed_at = timezone.now()
     event.save(update_fields=["status", "outcome", "processed_at"])
 
