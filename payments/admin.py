@@ -378,7 +378,9 @@ class RefundAdmin(ReadOnlyAdmin):
 class ProviderEventAdmin(ReadOnlyAdmin):
     """The inbox of provider callbacks, as received. Filter by status `parked` for
     the ones that failed PROVIDER_EVENT_MAX_ATTEMPTS times; once the cause is fixed,
-    the "re-drive" action processes them again, once."""
+    the "re-drive" action processes them again, once. Filter by outcome "not the
+    payment's charge" for the ones about another charge than their payment's,
+    processed changing nothing (never re-driven: the payment waits for its own)."""
 
     list_display = (
         "event_id",
@@ -391,7 +393,7 @@ class ProviderEventAdmin(ReadOnlyAdmin):
         "received_at",
         "parked_at",
     )
-    list_filter = ("status", "kind")
+    list_filter = ("status", "kind", "outcome")
     search_fields = ("event_id", "payment__order__merchant_order_no")
     actions = ("redrive",)
 

@@ -11,8 +11,9 @@ from .selectors import payments_parked
 
 
 class InboxDepthCollector(Collector):
-    """Provider events waiting to be processed, and those parked after failing,
-    counted when Prometheus scrapes."""
+    """Provider events waiting to be processed, those parked after failing, and
+    those about a charge that was not their payment's, counted when Prometheus
+    scrapes."""
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         status = ProviderEvent.Status
@@ -38,6 +39,20 @@ class InboxDepthCollector(Collector):
         )
         parked.add_metric([], counts["parked"])
         yield parked
+        try:
+            # Through the partial index `provider_event_not_its_charge`.
+            other = ProviderEvent.objects.filter(
+                outcome=ProviderEvent.NOT_ITS_CHARGE
+            ).count()
+        except Exception:  # the database is down: say nothing rather than fail
+            return
+        not_its = GaugeMetricFamily(
+            "payments_provider_events_not_its_charge",
+            "Provider callbacks about a charge that is not their payment's: "
+            "processed changing nothing; staff look into them (admin outcome filter).",
+        )
+        not_its.add_metric([], other)
+        yield not_its
 
 
 class ParkedPaymentsCollector(Collector):

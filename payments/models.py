@@ -381,7 +381,13 @@ class ProviderEvent(models.Model):
                 fields=["status", "received_at"],
                 condition=Q(status__in=["received", "parked"]),
                 name="provider_event_open",
-            )
+            ),
+            # The few about another charge than their payment's: `/metrics` counts them.
+            models.Index(
+                fields=["received_at"],
+                condition=Q(outcome=_NOT_ITS_CHARGE),
+                name="provider_event_not_its_charge",
+            ),
         ]
 
     def __str__(self) -> str:

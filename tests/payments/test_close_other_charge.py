@@ -10,7 +10,7 @@ callback of the first payment's own success refused, its money never booked. An
 answer naming no charge, or the payment's own, closes it as before.
 
 The callback event such an answer came in is processed, never applied or retried,
-with an outcome of its own.
+with an outcome of its own that the admin lists and filters and `/metrics` counts.
 """
 
 import pytest
@@ -31,6 +31,7 @@ from tests.helpers import (
     assert_settled_once,
     customer,
     event_body,
+    gauge,
     pending_provider_payment,
     place_order,
     post_callback,
@@ -46,6 +47,7 @@ from tests.payments.test_settle_other_charge import (
 
 pytestmark = pytest.mark.django_db
 
+EVENTS = "/admin/payments/providerevent/"
 NOT_ITS_CHARGE = "not the payment's charge"
 
 
@@ -66,11 +68,12 @@ def outcome(event: ProviderEvent) -> tuple[str, str]:
     return event.status, event.outcome
 
 
-def test_a_failure_of_another_charge_leaves_the_payment_pending(caplog):
+def test_a_failure_of_another_charge_leaves_the_payment_pending(caplog, client):
     """Processed, and again (a redelivered task), and delivered again: the payment
-    stays pending, the event is processed with its own outcome and named in the
-    log; the payment's own success then settles it once."""
+    stays pending, the event is processed with its own outcome, counted and named
+    in the log; the payment's own success then settles it once."""
     payment, failure = failure_stored_before_its_charge("ann")
+    assert gauge("payments_provider_events_not_its_charge", client) == 0
     for _ in range(2):
         process(failure)
         unsettled(payment)
@@ -78,12 +81,14 @@ def test_a_failure_of_another_charge_leaves_the_payment_pending(caplog):
     assert post_callback(failure.payload).status_code == 200
     assert ProviderEvent.objects.filter(event_id=failure.event_id).count() == 1
     assert "T1" in caplog.text and "T2" in caplog.text
+    assert gauge("payments_provider_events_not_its_charge", client) == 1
 
     own = stored(event_body(payment))
     process(own)
     assert_settled_once(payment)
     assert outcome(own) == ("processed", "payment succeeded")
     assert outcome(failure) == ("processed", NOT_ITS_CHARGE)
+    assert gauge("payments_provider_events_not_its_charge", client) == 1
 
 
 def test_the_order_takes_no_new_payment_and_its_own_success_is_booked():
@@ -186,6 +191,20 @@ def test_a_failure_callback_about_its_own_charge_fails_it(recorded):
     payment.refresh_from_db()
     assert payment.status == Payment.Status.FAILED
     assert outcome(failure) == ("processed", "payment failed")
+
+
+def test_the_admin_lists_and_filters_events_about_another_charge(admin_client):
+    payment, failure = failure_stored_before_its_charge("hal")
+    process(failure)
+    own = stored(event_body(payment))
+    process(own)
+    page = admin_client.get(EVENTS).content.decode()
+    assert NOT_ITS_CHARGE.replace("'", "&#x27;") in page
+    filtered = admin_client.get(EVENTS, {"outcome": NOT_ITS_CHARGE})
+    assert filtered.status_code == 200
+    text = filtered.content.decode()
+    assert failure.event_id in text
+    assert own.event_id not in text
 
 
 @pytest.mark.django_db(transaction=True)

@@ -1,0 +1,22 @@
+from django.db import migrations, models
+
+from ledger.schema import AddIndexOnline
+
+
+class Migration(migrations.Migration):
+    atomic = False  # CREATE INDEX CONCURRENTLY: callbacks go on while it builds
+
+    dependencies = [
+        ("payments", "0017_payment_redrive_parked_index"),
+    ]
+
+    operations = [
+        AddIndexOnline(
+            model_name="providerevent",
+            index=models.Index(
+                condition=models.Q(("outcome", "not the payment's charge")),
+                fields=["received_at"],
+                name="provider_event_not_its_charge",
+            ),
+        ),
+    ]
