@@ -7,7 +7,7 @@ class Migration(migrations.Migration):
     atomic = False  # CREATE INDEX CONCURRENTLY: callbacks go on while it builds
 
     dependencies = [
-        ("payments", "0017_payment_redrive_parked_index"),
+        ("payments", "0018_payment_reconcile_retired"),
     ]
 
     operations = [
