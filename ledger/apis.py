@@ -9,6 +9,7 @@ from drf_spectacular.utils import (
     extend_schema,
     inline_serializer,
 )
+from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 from rest_framework import serializers, status
 from rest_framework.exceptions import NotFound
 from rest_framework.fields import Field
@@ -31,6 +32,8 @@ from .fields import (
 )
 from .forms import row_id
 from .openapi import IDEMPOTENCY_KEY
+from .problems import PROBLEM_CONTENT_TYPE
+from .renderers import JSONRenderer
 from .selectors import account_postings, transfer_batch_get, transfer_get
 from .services import (
     TransferItem,
@@ -279,3 +282,32 @@ class TransferDetailApi(APIView):
     def get(self, request: Request, transfer_id: int) -> Response:
         transfer = transfer_get(user=authenticated(request), transfer_id=transfer_id)
         return Response(TransferOutputSerializer(transfer).data)
+
+
+class _ProblemsAsJson(APIView):
+    """Render a refusal of the schema's pages as the API's problem+json.
+
+    Their renderers (YAML and JSON for the schema, Swagger's HTML page for the docs)
+    are for the document itself. DRF renders an error with whichever of them the
+    content negotiation chose, or with the first when it failed (an unknown
+    `?format=`, an `Accept` none of them offers): a YAML or HTML body under the
+    problem's `application/problem+json`. A refusal here is rendered as on every
+    other API path instead.
+    """
+
+    def finalize_response(
+        self, request: Request, response: Response, *args: Any, **kwargs: Any
+    ) -> Response:
+        response = super().finalize_response(request, response, *args, **kwargs)
+        if isinstance(response, Response) and getattr(response, "exception", False):
+            response.accepted_renderer = JSONRenderer()
+            response.accepted_media_type = PROBLEM_CONTENT_TYPE
+        return response
+
+
+class SchemaApi(_ProblemsAsJson, SpectacularAPIView):
+    """`GET /api/schema/`: the OpenAPI document."""
+
+
+class SchemaDocsApi(_ProblemsAsJson, SpectacularSwaggerView):
+    """`GET /api/docs/`: Swagger UI over the document, from the app's own files."""

@@ -1,6 +1,5 @@
 from django.contrib import admin
 from django.urls import URLPattern, URLResolver, include, path
-from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from . import apis, views
 
@@ -36,8 +35,8 @@ urlpatterns = [
     path("admin/", admin.site.urls),
     path("api/v1/", include(api_v1)),
     path("provider/", include("payments.provider.urls")),
-    path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
-    path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="docs"),
+    path("api/schema/", apis.SchemaApi.as_view(), name="schema"),
+    path("api/docs/", apis.SchemaDocsApi.as_view(url_name="schema"), name="docs"),
     path("", include("orders.urls")),
     path("", include("payments.urls")),  # an order's page and its Pay button
 ]

@@ -1,6 +1,7 @@
 """The OpenAPI schema: served, checked in, and documenting the idempotency contract."""
 
 import io
+import json
 import re
 
 import pytest
@@ -153,3 +154,27 @@ def test_the_docs_page_needs_no_internet(client):
     assert len(assets) >= 3, page
     for asset in assets:
         assert client.get(asset).status_code == 200, asset
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("path", ["/api/schema/", "/api/docs/"])
+@pytest.mark.parametrize(
+    ("method", "query", "accept", "status", "code"),
+    [
+        ("get", "?format=bogus", "*/*", 404, "not_found"),
+        ("get", "", "application/xml", 406, "not_acceptable"),
+        ("post", "", "*/*", 405, "method_not_allowed"),
+        ("delete", "", "*/*", 405, "method_not_allowed"),
+    ],
+)
+def test_the_schema_and_docs_pages_refuse_in_problem_json(
+    client, path, method, query, accept, status, code
+):
+    """Their own renderers (YAML, Swagger's page) answer their successes only: an
+    error is the API's problem+json, a JSON body as its Content-Type says."""
+    response = getattr(client, method)(path + query, HTTP_ACCEPT=accept)
+    assert response.status_code == status
+    assert response["Content-Type"] == "application/problem+json"
+    body = json.loads(response.content)
+    assert body["code"] == code
+    assert body["status"] == status
