@@ -29,8 +29,18 @@ def env_bool(name: str, default: bool = False) -> bool:
 
 
 def env_int(name: str, default: int) -> int:
+    """The whole number a variable names; a typo stops the process with one line
+    naming the variable (`manage.py` prints ImproperlyConfigured so), not with a
+    traceback from int()."""
     value = os.environ.get(name)
-    return int(value) if value else default
+    if not value:
+        return default
+    try:
+        return int(value)
+    except ValueError:
+        raise ImproperlyConfigured(
+            f"{name}={value!r} is not a whole number: leave it unset for {default}"
+        ) from None
 
 
 # Runtime files of the embedded mode (SQLite database, file broker, demo credentials).

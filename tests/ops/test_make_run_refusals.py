@@ -3,6 +3,7 @@
 import os
 import socket
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -118,3 +119,40 @@ def test_a_database_url_that_cannot_work(tmp_path: Path, url: str, words: str) -
     lines = [line for line in output.splitlines() if "DATABASE_URL" in line]
     assert len(lines) == 1 and words in lines[0], output[-3000:]
     assert "Traceback" not in output, output[-3000:]
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "default"),
+    [
+        ("IDEMPOTENCY_TTL_SECONDS", "a day", 86400),
+        ("IDEMPOTENCY_LEASE_SECONDS", "1.5", 30),
+        ("HOLD_TTL_SECONDS", "7d", 604800),
+    ],
+)
+def test_a_number_setting_that_is_no_number(
+    tmp_path: Path, name: str, value: str, default: int
+):
+    """The settings are read before `serve` checks anything (`make run` runs the
+    same command): a number that is none is one line naming it, no traceback."""
+    result = subprocess.run(
+        [sys.executable, "manage.py", "serve"],
+        cwd=ROOT,
+        env={
+            "PATH": clean_path(),
+            "HOME": os.environ.get("HOME", "/root"),
+            "PORT": str(free_port()),
+            "LEDGER_DATA_DIR": str(tmp_path / "data"),
+            name: value,
+        },
+        capture_output=True,
+        text=True,
+        timeout=60,
+        start_new_session=True,
+    )
+    output = result.stdout + result.stderr
+    assert result.returncode != 0
+    assert "Traceback" not in output, output[-3000:]
+    assert output.strip().splitlines() == [
+        f"ImproperlyConfigured: {name}={value!r} is not a whole number: "
+        f"leave it unset for {default}"
+    ], output[-3000:]
