@@ -12,6 +12,7 @@ from django.core import checks
 
 MODES = ("required", "optional", "off")
 REDIS_FAILURE = ("database", "refuse")
+REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
 
 
 @checks.register()
@@ -31,6 +32,11 @@ def idempotency_settings(**kwargs: Any) -> list[checks.CheckMessage]:
         refuse("IDEMPOTENCY_REDIS_FAILURE", f"must be one of {REDIS_FAILURE}", 3)
     if any(mode not in MODES for mode in settings.IDEMPOTENCY_ENDPOINTS.values()):
         refuse("IDEMPOTENCY_ENDPOINTS", f"each mode must be one of {MODES}", 4)
+    # redis-py reads the URL at the first command, and takes these schemes only
+    # (spelled so): another would serve, and fail every key's lock with a 500.
+    if settings.REDIS_URL and not settings.REDIS_URL.startswith(REDIS_SCHEMES):
+        why = "names no Redis: use redis://HOST:6379/0 (or rediss://, unix://)"
+        refuse("REDIS_URL", f"{why}, or leave it unset for none", 7)
     if settings.REDIS_CLUSTER:
         url = urlsplit(settings.REDIS_URL)  # a cluster has only database 0
         if url.scheme not in ("redis", "rediss") or url.path not in ("", "/", "/0"):

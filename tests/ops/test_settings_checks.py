@@ -72,6 +72,19 @@ def test_a_redis_cluster_needs_a_node_and_database_0(settings, url):
     assert refused() == []
 
 
+@pytest.mark.parametrize(
+    "url", ["bogus", "127.0.0.1:6379", "http://127.0.0.1:6379/0", "REDIS://h:6379/0"]
+)
+def test_a_redis_url_that_names_no_redis_is_refused(settings, url):
+    """redis-py takes only these schemes, and reads a URL at the first command: the
+    app would serve, and answer every idempotent write and `/readyz` with a 500."""
+    settings.REDIS_URL = url
+    assert refused() == ["idempotency.E007"]
+    for url in ("redis://127.0.0.1:6379/5", "rediss://h:6380/0", "unix:///r.sock"):
+        settings.REDIS_URL = url
+        assert refused() == []
+
+
 def test_manage_py_stops_on_a_purge_grace_from_the_environment():
     env = {**os.environ, "PREORDER_PURGE_AFTER_SECONDS": "60"}
     result = subprocess.run(
