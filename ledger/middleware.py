@@ -11,6 +11,9 @@ or the idempotency layer sees it (so nothing is stored under its key).
 
 `ProbeMiddleware`, after `SecurityMiddleware` (whose headers its answers carry like
 any other), answers the health, readiness and metrics probes.
+
+`ApiLanguageMiddleware`, after `LocaleMiddleware`, has the API answer in English
+whatever the caller's `Accept-Language` (the pages for people keep theirs).
 """
 
 import io
@@ -28,6 +31,7 @@ from django.core.signals import setting_changed
 from django.dispatch import receiver
 from django.http import Http404, HttpRequest, HttpResponse, UnreadablePostError
 from django.urls import Resolver404, resolve
+from django.utils import translation
 
 from idempotency import metrics as idempotency_metrics
 from idempotency.fingerprint import request_key
@@ -256,4 +260,29 @@ class ProbeMiddleware:
         probe = self.probes.get(request.path_info)
         if probe is not None:
             return probe(request)
+        return self.get_response(request)
+
+
+class ApiLanguageMiddleware:
+    """The API speaks English, whatever `Accept-Language` asks for.
+
+    Its answers are read by programs, by their stable `code`; a person reads the
+    problem's `title` and `detail`. Under `LocaleMiddleware` alone, a caller asking
+    for Chinese got Django's and DRF's own messages (a field's "This field is
+    required.") in Chinese and the project's titles and details in English, in one
+    body that said `Content-Language: zh-hans`. And an idempotent answer is stored
+    once and replayed byte for byte: its language would be the first request's,
+    whatever the retry asked for. So under `/api/` the language is English, and
+    the answer says so; the shop, the pay page and the admin keep the reader's.
+    """
+
+    PREFIX = "/api/"
+
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        if request.path_info.startswith(self.PREFIX):
+            translation.activate(settings.LANGUAGE_CODE)
+            request.LANGUAGE_CODE = settings.LANGUAGE_CODE  # type: ignore[attr-defined]
         return self.get_response(request)

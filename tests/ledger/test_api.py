@@ -75,3 +75,23 @@ def test_not_ready_is_a_problem_naming_the_failed_check(client, settings):
     body = assert_problem(client.get("/readyz"), 503, "not_ready")
     assert body["checks"] == {"database": "ok", "redis": "error: unreachable"}
     assert "redis" in body["detail"]
+
+
+def test_the_api_answers_in_english_whatever_the_caller_asks_for(customer):
+    """One language in a body: Django's and DRF's own messages (a field's "This
+    field is required.") as well as the project's, so that a stored answer replayed
+    to a retry that asks for another language is still true to its header."""
+    client, _ = customer
+    asked = {"HTTP_ACCEPT_LANGUAGE": "zh-hans", "HTTP_IDEMPOTENCY_KEY": "zh-1"}
+    refused = client.post("/api/v1/transfers", {}, format="json", **asked)
+    assert_problem(refused, 400, "validation_error")
+    assert refused["Content-Language"] == "en"
+    assert "This field is required." in refused.content.decode()
+    unknown = client.get("/api/v1/nowhere", HTTP_ACCEPT_LANGUAGE="zh-hans")
+    assert unknown["Content-Language"] == "en"
+    assert "Not found" in unknown.json()["title"]
+
+
+def test_the_shop_keeps_the_readers_language(client):
+    page = client.get("/accounts/login/", HTTP_ACCEPT_LANGUAGE="zh-hans")
+    assert page["Content-Language"] == "zh-hans"
