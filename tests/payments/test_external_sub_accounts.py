@@ -70,7 +70,9 @@ def test_settlements_on_two_sub_accounts_do_not_queue_on_the_outside(on_postgres
 
     def settle_held_open() -> str:
         with transaction.atomic(durable=True):
-            status = payment_settle(payment_id=first.pk, provider_txn_id="a").status
+            status = payment_settle(
+                payment_id=first.pk, provider_txn_id=first.provider_txn_id
+            ).status
             settled.set()
             assert go.wait(30)
         return status
@@ -81,7 +83,9 @@ def test_settlements_on_two_sub_accounts_do_not_queue_on_the_outside(on_postgres
 
     def settle_second() -> str:
         with transaction.atomic(durable=True):
-            return payment_settle(payment_id=second.pk, provider_txn_id="b").status
+            return payment_settle(
+                payment_id=second.pk, provider_txn_id=second.provider_txn_id
+            ).status
 
     other = Background(settle_second)
     other.start()
@@ -105,7 +109,9 @@ def outside_subs() -> list[Account]:
 
 
 def settle(payment: Payment) -> Payment:
-    return payment_settle(payment_id=payment.pk, provider_txn_id=f"t-{payment.pk}")
+    return payment_settle(
+        payment_id=payment.pk, provider_txn_id=payment.provider_txn_id
+    )
 
 
 def debited(payment: Payment) -> int:
