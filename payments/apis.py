@@ -25,7 +25,7 @@ from orders.fields import (
 )
 from orders.selectors import order_get
 
-from .models import Payment
+from .models import CALLBACK_STATUSES, Payment
 from .selectors import order_page_url, payment_get
 from .services import (
     HOLD_SECONDS_MAX,
@@ -269,7 +269,7 @@ class ProviderCallbackApi(APIView):
         event_id = StrictCharField(max_length=128)
         merchant_order_no = StrictCharField(max_length=32)
         provider_txn_id = StrictCharField(max_length=64)
-        status = serializers.ChoiceField(choices=["SUCCESS", "FAILED"])
+        status = serializers.ChoiceField(choices=CALLBACK_STATUSES)
         amount = StrictIntegerField(min_value=1, max_value=MAX_AMOUNT)
 
     @extend_schema(

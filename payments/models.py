@@ -324,6 +324,9 @@ class Refund(models.Model):
         return f"refund {self.pk} of payment {self.payment_id}"
 
 
+# What a provider callback can report (`ProviderEvent.kind`).
+CALLBACK_STATUSES = ("SUCCESS", "FAILED")
+
 # The outcome of a provider event about a charge that is not its payment's.
 _NOT_ITS_CHARGE = "not the payment's charge"
 

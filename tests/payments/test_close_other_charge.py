@@ -238,3 +238,12 @@ def test_a_failure_of_another_charge_racing_its_own_success_settles_it_once(
     assert outcome(own) == ("processed", "payment succeeded")
     assert Order.objects.get(pk=payment.order_id).status == Order.Status.PAID
     assert ledger_report()["ok"]
+
+
+def test_the_admin_filters_events_by_what_they_report(admin_client):
+    payment, failure = failure_stored_before_its_charge("ivy")
+    own = stored(event_body(payment))
+    failed = admin_client.get(EVENTS, {"kind": "FAILED"}).content.decode()
+    assert failure.event_id in failed and own.event_id not in failed
+    succeeded = admin_client.get(EVENTS, {"kind": "SUCCESS"}).content.decode()
+    assert own.event_id in succeeded and failure.event_id not in succeeded
