@@ -346,14 +346,20 @@ class AccountAdmin(BackofficeMixin, ReadOnlyAdmin):
                     messages.WARNING,
                 )
             except SubAccountClosesWithMerchant:
-                self.message_user(
-                    request,
+                text = (
                     gettext(
+                        "%(account)s is a sub-account of the outside world's "
+                        "account; not closed. It closes with the outside world's "
+                        "account."
+                    )
+                    if account.kind == Account.Kind.EXTERNAL
+                    else gettext(
                         "%(account)s is a merchant sub-account; not closed. It "
                         "closes with its merchant."
                     )
-                    % {"account": account},
-                    messages.WARNING,
+                )
+                self.message_user(
+                    request, text % {"account": account}, messages.WARNING
                 )
             except AccountTransitionRefused:
                 self.message_user(

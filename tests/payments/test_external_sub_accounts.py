@@ -241,3 +241,22 @@ def test_check_ledger_names_an_outside_sub_account_under_the_wrong_parent():
     assert ledger_report()["violations"] == [
         f"account {sub.pk} is not an external sub-account of external account {usd.pk}"
     ]
+
+
+def test_the_back_office_says_an_outside_sub_account_closes_with_the_outside(
+    admin_client,
+):
+    """Closing one alone is refused (as a merchant's is); the page names what it
+    closes with: the outside world's account, not a merchant."""
+    user, _, _ = customer("close-outside")
+    (payment,) = provider_payments(user, 1)
+    settle(payment)
+    (sub,) = outside_subs()
+    page = admin_client.post(
+        f"/admin/ledger/account/backoffice/close/?ids={sub.pk}",
+        {f"status_{sub.pk}": sub.status_version},
+        follow=True,
+    ).content.decode()
+    assert "merchant" not in page.split('class="messagelist"')[1].split("</ul>")[0]
+    assert "It closes with the outside world&#x27;s account." in page
+    assert Account.objects.get(pk=sub.pk).status == Account.Status.ACTIVE
