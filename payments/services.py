@@ -680,7 +680,11 @@ def payment_refund(*, payment_id: int, reason: str = "requested") -> Refund:
 
 
 def _payment_refund(
-    *, payment_id: int, reason: str, returned_at_provider: bool = False
+    *,
+    payment_id: int,
+    reason: str,
+    returned_at_provider: bool = False,
+    credited_id: int | None = None,
 ) -> Refund:
     """Give a succeeded payment's money back, once, and move it and its order on.
 
@@ -694,6 +698,9 @@ def _payment_refund(
     went back (the dispatch is a conditional update of a pending shipment, so the
     two find what the other did). `returned_at_provider`: the provider says it gave
     the money back already (a charge refunded there), so it is not asked to.
+    `credited_id`: the payment was settled in the caller's transaction, which
+    holds the row of the account it credited: the money goes back from there
+    (`_refund_locked`).
     """
     with transaction.atomic(savepoint=False):
         order, payment = _lock(payment_id)
@@ -708,6 +715,7 @@ def _payment_refund(
             order=order,
             payment=payment,
             reason=reason,
+            credited_id=credited_id,
             returned_at_provider=returned_at_provider,
         )
         if order_mark_refunded(order_id=order.pk):
@@ -898,10 +906,12 @@ def payment_apply_charge(
             return payment_cancel(payment_id=payment_id, provider_txn_id=charge.txn_id)
         if charge.status not in _COLLECTED:
             return Payment.objects.get(pk=payment_id)
+        settled_before = True
         if charge.status == "REFUNDED":
             # Under the locks `payment_settle` takes next (held to our commit), so
             # a success being settled meanwhile is decided on what it booked.
             _, payment = _lock(payment_id)
+            settled_before = payment.journal_entry_id is not None
             booked = payment.provider_txn_id
             if payment.status == Payment.Status.SUCCEEDED and booked != charge.txn_id:
                 logger.warning(
@@ -921,10 +931,24 @@ def payment_apply_charge(
                 payment.pk,
                 charge.txn_id,
             )
+            # Settled just now: given back from the account the settlement
+            # credited, whose row this transaction holds, as a late success is.
+            # (`merchant_give_back` would lock the merchant's own row after its
+            # sub-account's, which a sweep locks the other way round.)
+            credited_id = (
+                None
+                if settled_before
+                else Posting.objects.filter(
+                    entry_id=payment.journal_entry_id, amount__gt=0
+                )
+                .values_list("account_id", flat=True)
+                .get()
+            )
             _payment_refund(
                 payment_id=payment.pk,
                 reason=REFUNDED_AT_PROVIDER,
                 returned_at_provider=True,
+                credited_id=credited_id,
             )
             payment = Payment.objects.get(pk=payment.pk)
     return payment

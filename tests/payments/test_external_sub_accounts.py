@@ -260,3 +260,68 @@ def test_the_back_office_says_an_outside_sub_account_closes_with_the_outside(
     assert "merchant" not in page.split('class="messagelist"')[1].split("</ul>")[0]
     assert "It closes with the outside world&#x27;s account." in page
     assert Account.objects.get(pk=sub.pk).status == Account.Status.ACTIVE
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_charge_refunded_at_the_provider_settles_and_refunds_beside_a_sweep(
+    monkeypatch, on_postgres
+):
+    """A pending payment whose charge the provider collected and refunded is
+    settled and refunded in one transaction (`payment_apply_charge`). The refund
+    gives back from the sub-account the settlement has just credited and holds,
+    without reaching for the merchant's own row afterwards: a sweep of that
+    sub-account locks the merchant's row first and waits for the sub-account, and
+    the two would wait for each other."""
+    import payments.services
+    from ledger.services import merchant_credit_account, merchant_sweep
+    from payments.provider_client import ProviderCharge
+    from payments.services import payment_apply_charge
+
+    user, _, _ = customer("refunded-beside-sweep")
+    made: dict[int, list[Payment]] = {}
+    while not any(len(pair) == 2 for pair in made.values()):
+        payment = pending_provider_payment(place_order(user, amount=300))
+        made.setdefault(sub_number(payment), []).append(payment)
+    first, payment = next(pair for pair in made.values() if len(pair) == 2)
+    settle(first)  # the sub-accounts exist and hold money
+    sub = merchant_credit_account(currency="CNY", spread_by=f"provider:{payment.pk}")
+    assert sub.parent_id is not None
+    settled, go = threading.Event(), threading.Event()
+    real = payments.services.payment_settle
+
+    def then_pause(**kwargs):
+        result = real(**kwargs)
+        settled.set()
+        assert go.wait(30)
+        return result
+
+    monkeypatch.setattr(payments.services, "payment_settle", then_pause)
+    refunded = ProviderCharge(
+        txn_id=payment.provider_txn_id,
+        merchant_order_no=payment.order.merchant_order_no,
+        amount=payment.amount,
+        status="REFUNDED",
+        pay_url="",
+    )
+
+    def apply() -> str:
+        with transaction.atomic(durable=True):
+            return payment_apply_charge(payment_id=payment.pk, charge=refunded).status
+
+    def sweep():
+        with transaction.atomic(durable=True):
+            return merchant_sweep(account_id=sub.pk)
+
+    applying = Background(apply)
+    applying.start()
+    assert settled.wait(30)
+    sweeping = Background(sweep)
+    sweeping.start()
+    try:
+        wait_for(lambda: blocked_on_lock(Account), 30, "the sweep to wait")
+    finally:
+        go.set()
+    assert applying.outcome() == Payment.Status.REFUNDED
+    assert isinstance(sweeping.outcome(), JournalEntry)
+    assert Refund.objects.get(payment=payment).reason == "refunded_at_provider"
+    assert_ledger_ok()
