@@ -172,7 +172,7 @@ def test_payments_cancelled_before_the_charge_cancel_column_are_not_sent_again(
 
 @pytest.mark.django_db(transaction=True)
 def test_payments_settled_before_the_reconciliation_window_are_left_out(on_postgres):
-    """payments' 0018 marks the provider payments settled before the window
+    """payments' 0019 marks the provider payments settled before the window
     `reconcile_retired`, so that the reconciliation's first run does not mark them
     all in one statement; the others, and a payment a process of the release before
     it inserts (a rolling deploy), have the column's database default."""

@@ -7,7 +7,7 @@ class Migration(migrations.Migration):
     atomic = False  # CREATE INDEX CONCURRENTLY: callbacks go on while it builds
 
     dependencies = [
-        ("payments", "0018_payment_reconcile_retired"),
+        ("payments", "0019_payment_reconcile_window"),
     ]
 
     operations = [
