@@ -3,7 +3,10 @@ written before `balance_after`, the provider simulator's 0007 the notifications
 made before `outcome`; and the idempotency's 0006, which changes the collation of
 a table that already holds records."""
 
+from io import StringIO
+
 import pytest
+from django.core.management import call_command
 from django.db import IntegrityError, connection, transaction
 from django.db.migrations.executor import MigrationExecutor
 from django.forms.models import model_to_dict
@@ -213,3 +216,35 @@ def test_payments_settled_before_the_reconciliation_window_are_left_out(on_postg
         settled_within_seconds=30 * 86400, asked_every_seconds=3600
     )
     assert asked == [p.pk for p in recent.order_by("pk")]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_parent_rule_is_checked_online_and_holds(on_postgres):
+    """ledger's 0014 adds its check NOT VALID and validates it after (no lock that
+    holds writers off while the rows are read): the check ends up validated, and
+    refuses a wallet with a parent."""
+    printed = StringIO()
+    call_command("sqlmigrate", "ledger", "0014", stdout=printed)
+    statements = printed.getvalue()
+    assert "NOT VALID" in statements and "VALIDATE CONSTRAINT" in statements
+    migrate([("ledger", "0013_account_status_version")])
+    migrate()
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT conname, convalidated FROM pg_constraint"
+            " WHERE conname LIKE 'account_only_%%have_a_parent'"
+        )
+        assert cursor.fetchall() == [
+            ("account_only_merchant_or_external_have_a_parent", True)
+        ]
+        with pytest.raises(IntegrityError), transaction.atomic():
+            cursor.execute(
+                "INSERT INTO ledger_account (kind, currency, balance, held, version,"
+                " status, status_version, created_at) VALUES"
+                " ('external', 'CNY', 0, 0, 0, 'active', 0, now()),"
+                " ('wallet', 'CNY', 0, 0, 0, 'active', 0, now())"
+            )
+            cursor.execute(
+                "UPDATE ledger_account SET parent_id = (SELECT min(id) FROM"
+                " ledger_account) WHERE kind = 'wallet'"
+            )
