@@ -1496,28 +1496,27 @@ def payments_to_reconcile(
     settled = Payment.objects.filter(
         method=Payment.Method.PROVIDER, status=Payment.Status.SUCCEEDED
     )
-    with transaction.atomic(savepoint=False):
-        # Keep the index of payments to ask about to the window's payments (move
-        # the few that left it since the last run, and those a window made wider
-        # takes in again), so that the batch is found without reading the
-        # window's payments, let alone every success ever made. The window's
-        # condition stays below: a payment another transaction held, left in
-        # the index past the window until the next run, is not asked about.
-        _retire(
-            settled.filter(reconcile_retired=True, succeeded_at__gte=settled_since),
-            False,
-        )
-        _retire(
-            settled.filter(reconcile_retired=False, succeeded_at__lt=settled_since),
-            True,
-        )
-        due = settled.filter(
-            reconcile_retired=False,
-            succeeded_at__gte=settled_since,
-            # Parked (its refund refused): staff re-drive it, as a stuck one.
-            redrive_parked_at__isnull=True,
-        )
-        return _least_recently_asked(due, limit, asked_before=asked_before)
+    # Keep the index of payments to ask about to the window's payments (move the
+    # few that left it since the last run, and those a window made wider takes in
+    # again), so that the batch is found without reading the window's payments,
+    # let alone every success ever made. The window's condition stays below: a
+    # payment another transaction held, left in the index past the window until
+    # the next run, is not asked about.
+    _retire(
+        settled.filter(reconcile_retired=True, succeeded_at__gte=settled_since),
+        False,
+    )
+    _retire(
+        settled.filter(reconcile_retired=False, succeeded_at__lt=settled_since),
+        True,
+    )
+    due = settled.filter(
+        reconcile_retired=False,
+        succeeded_at__gte=settled_since,
+        # Parked (its refund refused): staff re-drive it, as a stuck one.
+        redrive_parked_at__isnull=True,
+    )
+    return _least_recently_asked(due, limit, asked_before=asked_before)
 
 
 def _retire(payments: QuerySet[Payment], retired: bool) -> None:
@@ -1529,12 +1528,16 @@ def _retire(payments: QuerySet[Payment], retired: bool) -> None:
     (the column is false on nearly every other payment) and, without a bound,
     could read the whole table for the few. The ids first for the same reason: an
     update whose condition is a subquery gets a plan that joins the whole table.
+    Each batch commits on its own: a window made much narrower moves many
+    payments in one run, and a refund of one of them waits only for its batch.
     """
     free = payments.order_by("succeeded_at").select_for_update(skip_locked=True)
-    while ids := list(free.values_list("pk", flat=True)[:RETIRE_BATCH]):
-        Payment.objects.filter(pk__in=ids).update(reconcile_retired=retired)
+    while True:
+        with transaction.atomic(savepoint=False):
+            ids = list(free.values_list("pk", flat=True)[:RETIRE_BATCH])
+            Payment.objects.filter(pk__in=ids).update(reconcile_retired=retired)
         if len(ids) < RETIRE_BATCH:
-            break
+            return
 
 
 def _least_recently_asked(

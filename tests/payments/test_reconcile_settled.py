@@ -136,6 +136,36 @@ def test_a_parked_payment_takes_no_place_in_a_batch():
 
 
 @pytest.mark.django_db(transaction=True)
+def test_a_narrowed_window_retires_its_payments_a_batch_a_commit(monkeypatch):
+    """A run that moves many payments out of a window made narrower commits each
+    batch: a run that dies midway keeps the batches it finished, and a refund of
+    one of them waited for its batch only, not for the whole run."""
+    import payments.services as services
+
+    user, _, _ = customer("uma")
+    old = [settled(user, days_ago=10) for _ in range(5)]
+    monkeypatch.setattr(services, "RETIRE_BATCH", 2)
+    real_update, updates = services.QuerySet.update, []
+
+    def dies_at_the_third_batch(queryset, **values):
+        if values == {"reconcile_retired": True}:
+            updates.append(values)
+            if len(updates) == 3:
+                raise RuntimeError("the run died")
+        return real_update(queryset, **values)
+
+    monkeypatch.setattr(services.QuerySet, "update", dies_at_the_third_batch)
+    with pytest.raises(RuntimeError):
+        payments_to_reconcile(
+            settled_within_seconds=86400, asked_every_seconds=HOUR, limit=10
+        )
+    retired = Payment.objects.filter(pk__in=old, reconcile_retired=True)
+    assert retired.count() == 4  # two batches of two committed
+    monkeypatch.undo()
+    assert to_reconcile() == old  # the wider window takes them all in again
+
+
+@pytest.mark.django_db(transaction=True)
 def test_two_runs_at_once_share_the_batch(on_postgres):
     """Beats overlapping on a slow database: each payment is asked by one run."""
     user, _, _ = customer("wes")
