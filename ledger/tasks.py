@@ -31,13 +31,14 @@ def seal_journal() -> int:
 
 @shared_task
 def sweep_merchant_sub_accounts() -> int:
-    """Sweep every merchant sub-account holding money into its merchant's account,
-    each in its own transaction; return how many were swept."""
+    """Sweep every sub-account holding money (a merchant's, or the outside
+    world's) into its parent, each in its own transaction; return how many were
+    swept."""
     swept = 0
     for account_id in merchant_sub_accounts_to_sweep().values_list("pk", flat=True):
         try:
             with transaction.atomic(durable=True):  # the task is the entry point
                 swept += merchant_sweep(account_id=account_id) is not None
         except AccountNotActive:  # frozen by staff: its money stays until unfrozen
-            logger.warning("merchant sub-account %s is not active", account_id)
+            logger.warning("sub-account %s is not active", account_id)
     return swept
