@@ -35,6 +35,10 @@ click on Save, two staff members) both pass that check, and the second INSERT br
 the unique constraint: a 500. The site's forms then answer as for a press that came
 second: the form again, with the value named taken, and nothing saved twice.
 
+Every list counts a large table by PostgreSQL's estimate while it is unfiltered,
+and never counts the whole table beside a filtered count (`show_full_result_count`
+off): both were a full scan on every page view (idempotency.listfilters).
+
 The site puts these on every admin registered on it, Django's and other apps' too
 (users, tokens, beat's schedules).
 """
@@ -51,6 +55,8 @@ from django.db import DatabaseError, IntegrityError, models, transaction
 from django.db.models import Field, QuerySet
 from django.http import HttpRequest, HttpResponse
 from django.utils.translation import gettext
+
+from idempotency.listfilters import EstimatedCountPaginator
 
 from .forms import row_id
 
@@ -189,6 +195,9 @@ class SiteAdmin(
     UniqueRaceAdmin,
 ):
     """What the site puts on every admin registered on it."""
+
+    paginator = EstimatedCountPaginator
+    show_full_result_count = False
 
 
 def for_the_site(admin_class: type[admin.ModelAdmin]) -> type[admin.ModelAdmin]:
