@@ -88,6 +88,11 @@ def describe(request: Request, endpoint: str, default: str = "required") -> Call
     )
 
 
+# The endpoint names declared with `@idempotent`, as their modules are imported (the
+# URLconf imports every view): what the back office offers to filter records by.
+ENDPOINTS: set[str] = set()
+
+
 def idempotent(
     endpoint: str,
     *,
@@ -100,6 +105,7 @@ def idempotent(
     what is asked (a payment that calls the provider runs in phases, one from the
     wallet in one transaction); it sees the parsed body.
     """
+    ENDPOINTS.add(endpoint)
 
     def decorate(method: Callable[..., Any]) -> Callable[..., Any]:
         @wraps(method)

@@ -32,7 +32,9 @@ from django.utils.translation import gettext
 from django.utils.translation import gettext_lazy as _
 
 from idempotency.calls import idempotent_call
+from idempotency.listfilters import ValuesFilter
 
+from .currencies import SUPPORTED_CURRENCIES
 from .forms import row_id
 from .money import format_money
 
@@ -59,6 +61,17 @@ def money_column(
 
     show.__name__ = f"{field}_money"
     return show
+
+
+class CurrencyFilter(ValuesFilter):
+    """The currencies the ledger holds money in (Django's filter on the column read
+    them from the whole table on every page view)."""
+
+    title = _("currency")
+    parameter_name = field = "currency"
+
+    def values(self) -> list[tuple[str, str]]:
+        return [(code, code) for code in SUPPORTED_CURRENCIES]
 
 
 def one_time_token() -> str:
