@@ -9,6 +9,7 @@ from django.http import HttpRequest, HttpResponse
 from django.utils.translation import gettext, ngettext
 from django.utils.translation import gettext_lazy as _
 
+from idempotency.listfilters import ValuesFilter
 from ledger.admin import REFUSALS, ReadOnlyAdmin, refusal_message
 from ledger.backoffice import (
     ActionForm,
@@ -405,22 +406,14 @@ class AboutAnotherChargeFilter(admin.SimpleListFilter):
         return queryset
 
 
-class ReportedStatusFilter(admin.SimpleListFilter):
-    """The statuses a callback can report (a filter on the field itself would find
-    them by reading the whole inbox on every page)."""
+class ReportedStatusFilter(ValuesFilter):
+    """The statuses a callback can report."""
 
     title = _("reported status")
-    parameter_name = "kind"
+    parameter_name = field = "kind"
 
-    def lookups(self, request: HttpRequest, model_admin: admin.ModelAdmin) -> list:
+    def values(self) -> list[tuple[str, str]]:
         return [(kind, kind) for kind in CALLBACK_STATUSES]
-
-    def queryset(
-        self, request: HttpRequest, queryset: QuerySet[ProviderEvent]
-    ) -> QuerySet[ProviderEvent]:
-        if self.value() in CALLBACK_STATUSES:
-            return queryset.filter(kind=self.value())
-        return queryset
 
 
 @admin.register(ProviderEvent)
