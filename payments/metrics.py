@@ -1,6 +1,6 @@
 """What `/metrics` reads from the payments tables when Prometheus scrapes."""
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from django.db.models import Count, Q
 from prometheus_client.core import GaugeMetricFamily
@@ -10,6 +10,21 @@ from .models import ProviderEvent
 from .selectors import payments_parked
 
 
+def _gauge(name: str, documentation: str, value: int) -> GaugeMetricFamily:
+    gauge = GaugeMetricFamily(name, documentation)
+    gauge.add_metric([], value)
+    return gauge
+
+
+def _counted(count: Callable[[], object]) -> object | None:
+    """`count()`, or None when the database is down: a scrape then says nothing of
+    it rather than fail."""
+    try:
+        return count()
+    except Exception:
+        return None
+
+
 class InboxDepthCollector(Collector):
     """Provider events waiting to be processed, those parked after failing, and
     those about a charge that was not their payment's, counted when Prometheus
@@ -17,42 +32,39 @@ class InboxDepthCollector(Collector):
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         status = ProviderEvent.Status
-        try:
-            counts = ProviderEvent.objects.filter(
+        counts = _counted(
+            lambda: ProviderEvent.objects.filter(
                 status__in=[status.RECEIVED, status.PARKED]
             ).aggregate(
                 received=Count("pk", filter=Q(status=status.RECEIVED)),
                 parked=Count("pk", filter=Q(status=status.PARKED)),
             )
-        except Exception:  # the database is down: say nothing rather than fail
+        )
+        if not isinstance(counts, dict):
             return
-        depth = GaugeMetricFamily(
+        yield _gauge(
             "payments_callback_inbox_depth",
             "Provider callbacks stored and not yet processed.",
+            counts["received"],
         )
-        depth.add_metric([], counts["received"])
-        yield depth
-        parked = GaugeMetricFamily(
+        yield _gauge(
             "payments_provider_events_parked",
             "Provider callbacks parked after failing PROVIDER_EVENT_MAX_ATTEMPTS "
             "times; an operator must re-drive them.",
+            counts["parked"],
         )
-        parked.add_metric([], counts["parked"])
-        yield parked
-        try:
-            # Through the partial index `provider_event_not_its_charge`.
-            other = ProviderEvent.objects.filter(
-                outcome=ProviderEvent.NOT_ITS_CHARGE
-            ).count()
-        except Exception:  # the database is down: say nothing rather than fail
-            return
-        not_its = GaugeMetricFamily(
-            "payments_provider_events_not_its_charge",
-            "Provider callbacks about a charge that is not their payment's: "
-            "processed changing nothing; staff look into them (admin outcome filter).",
+        # Through the partial index `provider_event_not_its_charge`.
+        other = _counted(
+            ProviderEvent.objects.filter(outcome=ProviderEvent.NOT_ITS_CHARGE).count
         )
-        not_its.add_metric([], other)
-        yield not_its
+        if isinstance(other, int):
+            yield _gauge(
+                "payments_provider_events_not_its_charge",
+                "Provider callbacks about a charge that is not their payment's: "
+                "processed changing nothing; staff look into them (admin filter "
+                '"about another charge").',
+                other,
+            )
 
 
 class ParkedPaymentsCollector(Collector):
@@ -60,14 +72,11 @@ class ParkedPaymentsCollector(Collector):
     Prometheus scrapes (through the partial index `payment_redrive_parked`)."""
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
-        try:
-            count = payments_parked().count()
-        except Exception:  # the database is down: say nothing rather than fail
-            return
-        parked = GaugeMetricFamily(
-            "payments_provider_payments_parked",
-            "Provider payments whose re-drive the ledger refused "
-            "PAYMENT_REDRIVE_MAX_ATTEMPTS times; staff must re-drive them.",
-        )
-        parked.add_metric([], count)
-        yield parked
+        count = _counted(payments_parked().count)
+        if isinstance(count, int):
+            yield _gauge(
+                "payments_provider_payments_parked",
+                "Provider payments whose re-drive the ledger refused "
+                "PAYMENT_REDRIVE_MAX_ATTEMPTS times; staff must re-drive them.",
+                count,
+            )
