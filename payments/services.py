@@ -542,11 +542,7 @@ def _refund_locked(
         # Provider money goes back where it came from: out through the provider,
         # to the outside account its settlement debited (one of the outside's
         # sub-accounts, with MERCHANT_SUB_ACCOUNTS).
-        destination_id = (
-            Posting.objects.filter(entry_id=payment.journal_entry_id, amount__lt=0)
-            .values_list("account_id", flat=True)
-            .get()
-        )
+        destination_id = _settled_through(payment, debited=True)
     movement: dict[str, Any] = {
         "destination_id": destination_id,
         "amount": payment.amount,
@@ -723,6 +719,15 @@ def _payment_refund(
                 order_id=order.pk, status=Shipment.Status.PENDING
             ).update(status=Shipment.Status.CANCELLED)
     return refund
+
+
+def _settled_through(payment: Payment, *, debited: bool) -> int:
+    """The account a provider payment's settlement debited (one of the outside
+    world's) or credited (one of the merchant's): its entry's one posting of that
+    side."""
+    side = {"amount__lt": 0} if debited else {"amount__gt": 0}
+    postings = Posting.objects.filter(entry_id=payment.journal_entry_id, **side)
+    return postings.values_list("account_id", flat=True).get()
 
 
 def provider_reference(payment: Payment) -> str:
@@ -936,13 +941,7 @@ def payment_apply_charge(
             # (`merchant_give_back` would lock the merchant's own row after its
             # sub-account's, which a sweep locks the other way round.)
             credited_id = (
-                None
-                if settled_before
-                else Posting.objects.filter(
-                    entry_id=payment.journal_entry_id, amount__gt=0
-                )
-                .values_list("account_id", flat=True)
-                .get()
+                None if settled_before else _settled_through(payment, debited=False)
             )
             _payment_refund(
                 payment_id=payment.pk,
