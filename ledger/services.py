@@ -652,13 +652,21 @@ def hold_expire(*, hold_id: int) -> Hold:
 
 
 @transaction.atomic(savepoint=False)
-def wallet_top_up(*, account_id: int, at_least: int) -> JournalEntry | None:
+def wallet_top_up(
+    *, account_id: int, at_least: int, active_only: bool = False
+) -> JournalEntry | None:
     """Deposit whatever brings the wallet up to `at_least`; nothing if it has that.
 
     The row is locked while we decide, and the deposit's reference names the version
     we decided on, so two concurrent top-ups cannot both deposit the difference.
+    `active_only` refuses a wallet that is not active (`AccountNotActive`), funded
+    or not, decided under the same lock, so a freeze cannot slip in between: an
+    operator's top-up of a frozen wallet is a mistake to report, where a credit
+    to it (a refund) is not.
     """
     account = Account.objects.select_for_update().get(pk=account_id)
+    if active_only and account.status != Account.Status.ACTIVE:
+        raise AccountNotActive(f"Account {account_id} is {account.status}.")
     missing = at_least - account.balance
     if missing <= 0:
         return None

@@ -101,6 +101,57 @@ def test_create_customer_whose_top_up_fails_creates_nothing(monkeypatch):
     assert not get_user_model().objects.filter(username="erin").exists()
 
 
+@pytest.mark.parametrize(
+    ("edge", "funded", "asked"),
+    [
+        ("freeze", 100, "500"),
+        ("freeze", 100, "100"),  # already holding it: refused all the same
+        ("close", 0, "500"),  # only an empty account can be closed
+    ],
+)
+def test_create_customer_refuses_to_top_up_a_wallet_that_is_not_active(
+    edge, funded, asked
+):
+    from ledger import services
+
+    wallet_id = create_customer("frank", "--balance", str(funded))["account"]
+    getattr(services, f"account_{edge}")(account_id=wallet_id)
+    hashed = get_user_model().objects.get(username="frank").password
+    deposits = JournalEntry.objects.filter(kind="deposit").count()
+    with pytest.raises(CommandError) as refused:
+        call_command(
+            "create_customer",
+            "frank",
+            "--balance",
+            asked,
+            "--password",
+            "n3w-s3cret-pass",
+            stdout=StringIO(),
+        )
+    message = str(refused.value)
+    status = Account.objects.get(pk=wallet_id).status
+    assert refused.value.returncode == 1
+    assert message == (
+        f"'frank''s wallet (account {wallet_id}) is {status}: --balance tops up "
+        "only an active wallet; nothing changed"
+    )
+    assert Account.objects.get(pk=wallet_id).balance == funded
+    assert JournalEntry.objects.filter(kind="deposit").count() == deposits
+    assert get_user_model().objects.get(username="frank").password == hashed
+    # Without --balance the customer is still found, as before.
+    assert create_customer("frank")["account"] == wallet_id
+
+
+def test_create_customer_tops_up_an_unfrozen_wallet_again():
+    from ledger import services
+
+    wallet_id = create_customer("gina", "--balance", "100")["account"]
+    services.account_freeze(account_id=wallet_id)
+    services.account_unfreeze(account_id=wallet_id)
+    assert create_customer("gina", "--balance", "300")["account"] == wallet_id
+    assert Account.objects.get(pk=wallet_id).balance == 300
+
+
 @pytest.mark.django_db(transaction=True)
 def test_concurrent_top_ups_deposit_once():
     create_customer("carol")

@@ -8,7 +8,9 @@ from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError
 from django.db import transaction
 
+from ledger.exceptions import AccountNotActive
 from ledger.fields import MAX_AMOUNT, storable
+from ledger.models import Account
 from ledger.services import customer_get_or_create, wallet_top_up
 
 
@@ -49,14 +51,24 @@ class Command(BaseCommand):
                 f"--balance is 0 to {MAX_AMOUNT} minor units, not {balance}"
             )
         # The command is the entry point: the customer and its top-up, or nothing.
-        with transaction.atomic(durable=True):
-            user, token, wallet = customer_get_or_create(
-                username=name,
-                password=password,
-                currency=settings.LEDGER_DEFAULT_CURRENCY,
-            )
-            if balance:
-                wallet_top_up(account_id=wallet.pk, at_least=balance)
+        try:
+            with transaction.atomic(durable=True):
+                user, token, wallet = customer_get_or_create(
+                    username=name,
+                    password=password,
+                    currency=settings.LEDGER_DEFAULT_CURRENCY,
+                )
+                if balance:
+                    wallet_top_up(
+                        account_id=wallet.pk, at_least=balance, active_only=True
+                    )
+        except AccountNotActive:
+            # Rolled back: a password given along is not set either.
+            status = Account.objects.values_list("status", flat=True).get(pk=wallet.pk)
+            raise CommandError(
+                f"{name!r}'s wallet (account {wallet.pk}) is {status}: --balance "
+                "tops up only an active wallet; nothing changed"
+            ) from None
         line = {"username": user.get_username(), "token": token, "account": wallet.pk}
         self.stdout.write(json.dumps(line))
 
