@@ -28,19 +28,26 @@ def env_bool(name: str, default: bool = False) -> bool:
     return value.strip().lower() in {"1", "true", "yes", "on"}
 
 
-def env_int(name: str, default: int) -> int:
-    """The whole number a variable names; a typo stops the process with one line
-    naming the variable (`manage.py` prints ImproperlyConfigured so), not with a
-    traceback from int()."""
+def env_int(name: str, default: int, minimum: int | None = None) -> int:
+    """The whole number a variable names; a typo, or a number below `minimum`,
+    stops the process with one line naming the variable and what it takes
+    (`manage.py` prints ImproperlyConfigured so), not with a traceback from int()
+    or the system checks' report (which still guard values set in code)."""
     value = os.environ.get(name)
     if not value:
         return default
     try:
-        return int(value)
+        number = int(value)
     except ValueError:
         raise ImproperlyConfigured(
             f"{name}={value!r} is not a whole number: leave it unset for {default}"
         ) from None
+    if minimum is not None and number < minimum:
+        raise ImproperlyConfigured(
+            f"{name}={value!r} is below {minimum}: give a whole number of at least "
+            f"{minimum}, or leave it unset for {default}"
+        )
+    return number
 
 
 # Runtime files of the embedded mode (SQLite database, file broker, demo credentials).
@@ -223,12 +230,14 @@ LEDGER_DEFAULT_CURRENCY = env("LEDGER_DEFAULT_CURRENCY", "CNY")
 MERCHANT_SUB_ACCOUNTS = env_int("MERCHANT_SUB_ACCOUNTS", 0)
 
 # Idempotency engine.
-IDEMPOTENCY_TTL_SECONDS = env_int("IDEMPOTENCY_TTL_SECONDS", 86400)
-IDEMPOTENCY_LEASE_SECONDS = env_int("IDEMPOTENCY_LEASE_SECONDS", 30)
+IDEMPOTENCY_TTL_SECONDS = env_int("IDEMPOTENCY_TTL_SECONDS", 86400, minimum=1)
+IDEMPOTENCY_LEASE_SECONDS = env_int("IDEMPOTENCY_LEASE_SECONDS", 30, minimum=1)
 # What to do when Redis is configured but unreachable: "database" falls back to the
 # database path (still exactly once), "refuse" answers 503.
 IDEMPOTENCY_REDIS_FAILURE = env("IDEMPOTENCY_REDIS_FAILURE", "database")
-IDEMPOTENCY_REPLAY_CACHE_SECONDS = env_int("IDEMPOTENCY_REPLAY_CACHE_SECONDS", 3600)
+IDEMPOTENCY_REPLAY_CACHE_SECONDS = env_int(
+    "IDEMPOTENCY_REPLAY_CACHE_SECONDS", 3600, minimum=0
+)
 # Per endpoint name: "required" (default), "optional" (no key: run without the layer)
 # or "off".
 IDEMPOTENCY_ENDPOINTS: dict[str, str] = {}
@@ -354,7 +363,7 @@ LOGGING: dict[str, Any] = {
 # Orders: how long each process's lease on its Snowflake worker id lasts (leased from
 # the database, renewed every third of it; a process that cannot renew in time stops
 # issuing numbers) and how long a pre-order's number stays usable.
-SNOWFLAKE_LEASE_SECONDS = env_int("SNOWFLAKE_LEASE_SECONDS", 30)
+SNOWFLAKE_LEASE_SECONDS = env_int("SNOWFLAKE_LEASE_SECONDS", 30, minimum=1)
 PREORDER_TTL_SECONDS = env_int("PREORDER_TTL_SECONDS", 3600)
 # An unused pre-order is deleted this long after it expired (until then a late request
 # hears "expired" rather than "unknown").

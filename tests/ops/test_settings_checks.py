@@ -100,6 +100,50 @@ def test_manage_py_stops_on_a_purge_grace_from_the_environment():
     assert "PREORDER_PURGE_AFTER_SECONDS = 60" in result.stderr
 
 
+@pytest.mark.parametrize(
+    ("name", "value", "minimum", "default"),
+    [
+        ("IDEMPOTENCY_TTL_SECONDS", "0", 1, 86400),
+        ("IDEMPOTENCY_LEASE_SECONDS", "-5", 1, 30),
+        ("IDEMPOTENCY_REPLAY_CACHE_SECONDS", "-1", 0, 3600),
+        ("SNOWFLAKE_LEASE_SECONDS", "0", 1, 30),
+    ],
+)
+def test_a_number_below_what_a_variable_takes_is_one_line_naming_it(
+    name, value, minimum, default
+):
+    """As for a number that is none: not the system checks' report of several
+    lines, but one line naming the variable and what it takes."""
+    result = subprocess.run(
+        [sys.executable, "manage.py", "check"],
+        cwd=ROOT,
+        env={**os.environ, name: value},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 1, result.stdout
+    assert "Traceback" not in result.stderr, result.stderr[-3000:]
+    assert result.stderr.strip().splitlines() == [
+        f"ImproperlyConfigured: {name}={value!r} is below {minimum}: give a whole "
+        f"number of at least {minimum}, or leave it unset for {default}"
+    ], result.stderr[-3000:]
+
+
+def test_the_lowest_number_a_variable_takes_is_taken():
+    env = {**os.environ, "IDEMPOTENCY_LEASE_SECONDS": "1"}
+    env["IDEMPOTENCY_REPLAY_CACHE_SECONDS"] = "0"
+    result = subprocess.run(
+        [sys.executable, "manage.py", "check"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+
+
 def test_a_service_variable_set_but_empty_is_unset():
     """`DATABASE_URL=` or `CELERY_BROKER_URL=` (an empty line in a .env) means the
     embedded default, not a URL with no scheme."""
