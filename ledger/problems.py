@@ -4,6 +4,7 @@ import logging
 from typing import Any
 from urllib.parse import urlsplit
 
+from django.contrib import admin
 from django.core.exceptions import DisallowedHost
 from django.http import (
     Http404,
@@ -17,6 +18,7 @@ from django.shortcuts import render
 from django.template import loader
 from django.urls import reverse
 from django.utils.http import url_has_allowed_host_and_scheme
+from django.utils.translation import gettext
 from django.views import defaults
 from rest_framework import exceptions, status
 from rest_framework.response import Response
@@ -154,6 +156,10 @@ def _is_api(request: HttpRequest) -> bool:
     return request.path.startswith("/api/")
 
 
+def _is_back_office(request: HttpRequest) -> bool:
+    return request.path.startswith(reverse("admin:index"))
+
+
 def page_not_found(request: HttpRequest, exception: Exception) -> HttpResponse:
     """handler404: an API path gets problem+json; a page gets the shop's 404 page
     (templates/404.html), in its layout with a way back to the shop."""
@@ -165,7 +171,18 @@ def page_not_found(request: HttpRequest, exception: Exception) -> HttpResponse:
 def permission_denied(request: HttpRequest, exception: Exception) -> HttpResponse:
     """handler403: a `PermissionDenied` raised outside DRF's views (whose own
     handler answers theirs). An API path gets problem+json, as DRF answers it; a
-    page gets the shop's 403 page (templates/403.html)."""
+    back-office page (a staff member without the model's permission) gets the
+    back office's own 403 page (templates/admin/403.html), which says why and
+    links back to it; any other page gets the shop's (templates/403.html)."""
+    if _is_back_office(request):
+        context = {
+            **admin.site.each_context(request),
+            "title": gettext("Not allowed"),
+            "username": request.user.get_username(),
+        }
+        return render(
+            request, "admin/403.html", context, status=status.HTTP_403_FORBIDDEN
+        )
     if not _is_api(request):
         return defaults.permission_denied(request, exception)
     return problem_response(
