@@ -528,7 +528,10 @@ def hold_authorize(
     `held` moves: a replay finds the hold and gets it back. Then one conditional
     UPDATE, `held = held + :amt WHERE id = :id AND balance - held >= :amt AND
     status = 'active'`; zero rows raises `InsufficientFunds` or `AccountNotActive`
-    and the caller's transaction, hold row included, rolls back.
+    and the caller's transaction, hold row included, rolls back. The same UPDATE
+    bumps the account's `version`, as every change of what a read of it shows
+    does (`held`, `available`): a caller acting on the version it saw
+    (`seen_version`) sees that the money available moved.
     """
     if isinstance(amount, bool) or not isinstance(amount, int) or amount <= 0:
         raise ValueError("a hold is a positive integer of minor units")
@@ -542,7 +545,7 @@ def hold_authorize(
         pk=account_id,
         status=Account.Status.ACTIVE,
         balance__gte=F("held") + amount,
-    ).update(held=F("held") + amount)
+    ).update(held=F("held") + amount, version=F("version") + 1)
     if not held:
         account = Account.objects.filter(pk=account_id).first()
         currency = account.currency if account else ""
@@ -596,10 +599,10 @@ def _hold_close(hold_id: int, status: str, expiry: str = "") -> Hold:
 
 def _hold_release(hold_id: int, status: str, expiry: str = "") -> Hold:
     """Close an active hold without moving money and give its amount back to
-    `available` (`held = held - :amt`)."""
+    `available` (`held = held - :amt`, bumping the account's `version`)."""
     hold = _hold_close(hold_id, status, expiry)
     released = Account.objects.filter(pk=hold.account_id, held__gte=hold.amount).update(
-        held=F("held") - hold.amount
+        held=F("held") - hold.amount, version=F("version") + 1
     )
     if not released:  # pragma: no cover - the check constraint keeps held >= 0
         raise RuntimeError(f"account {hold.account_id} holds less than hold {hold_id}")

@@ -196,6 +196,34 @@ def test_seen_version_guards_against_a_change_in_between():
     assert alice.balance == 90
 
 
+def test_seen_version_guards_against_a_hold_in_between():
+    """A hold changes what is available: a caller that decided on the version it
+    read before the hold was placed, or released, is told the account changed."""
+    alice, bob = funded_wallet(100), funded_wallet(0)
+    for change in ("placed", "released"):
+        seen = Account.objects.get(pk=alice.pk).version
+        if change == "placed":
+            hold = hold_authorize(
+                account_id=alice.pk,
+                amount=60,
+                reference="hold-1",
+                expires_in=timedelta(hours=1),
+            )
+        else:
+            hold_void(hold_id=hold.pk)
+        with pytest.raises(StaleVersion), transaction.atomic():
+            ledger_transfer(
+                source_id=alice.pk,
+                destination_id=bob.pk,
+                amount=10,
+                currency="CNY",
+                reference=f"mine-{change}",
+                seen_version=seen,
+            )
+    alice.refresh_from_db()
+    assert (alice.balance, alice.held) == (100, 0)
+
+
 @pytest.mark.parametrize(
     "legs", [[(1, 5)], [(1, 5), (2, -4)], [(1, 0), (2, 0)], [(1, 1.5), (2, -1.5)]]
 )

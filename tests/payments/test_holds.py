@@ -381,6 +381,42 @@ def test_thirty_captures_under_thirty_keys_debit_once(on_postgres):
     assert_ledger_ok()
 
 
+def test_every_change_of_what_the_account_shows_bumps_its_version():
+    """`accounts/me` shows `held` and `available`: placing a hold, and releasing it
+    by a void, a capture or the expiry, changes them, and so the version, once
+    each; a replay or a refusal changes neither."""
+    user, client, _ = customer("alice", balance=5000)
+
+    def shown() -> tuple[int, int]:
+        me = client.get("/api/v1/accounts/me").json()
+        return me["available"], me["version"]
+
+    available, version = shown()
+    order = place_order(user, amount=1200)
+    key = new_key()
+    authorized = pay(client, order, key=key).json()
+    assert shown() == (available - 1200, version + 1)
+    pay(client, order, key=key)  # a replay holds nothing more
+    assert shown() == (available - 1200, version + 1)
+    assert act(client, authorized["id"], "void").status_code == 200
+    assert shown() == (available, version + 2)
+    too_much = place_order(user, amount=5001)
+    assert_problem(pay(client, too_much), 422, "insufficient_funds")
+    assert shown() == (available, version + 2)
+
+    captured = pay(client, place_order(user, amount=1000)).json()
+    assert shown() == (available - 1000, version + 3)
+    assert act(client, captured["id"], "capture", {"amount": 400}).status_code == 200
+    assert shown() == (available - 400, version + 4)  # debit and release: one change
+
+    _, payment = authorize(user, 500)
+    assert shown() == (available - 900, version + 5)
+    expire_now(payment.pk)
+    assert expire_holds() == 1
+    assert shown() == (available - 400, version + 6)
+    assert_ledger_ok()
+
+
 # Void ---------------------------------------------------------------------------
 
 
