@@ -516,3 +516,109 @@ def test_an_action_refuses_a_selection_larger_than_it_may_act_on(staff, monkeypa
         list(statuses.order_by("pk"))
         == [Order.Status.PENDING_PAYMENT] + [Order.Status.CANCELLED] * 3
     )
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_adjustment_sent_from_two_browsers_at_once_is_applied_once(
+    admin_user, on_postgres
+):
+    """The same Adjust stock form submitted at the same instant (a double click,
+    or the page open in two browsers): the units move once, every press answers
+    its redirect, and the later ones say the adjustment was already made."""
+    from django.test import Client
+
+    from orders.models import Product, StockMovement
+    from orders.services import product_get_or_create, stock_top_up
+    from tests.backoffice import messages_of
+    from tests.conftest import run_in_threads
+
+    tea, _ = product_get_or_create(sku="TEA", name="Tea", price=100, currency="CNY")
+    stock_top_up(product_id=tea.pk, at_least=5)
+    url = f"/admin/orders/product/{tea.pk}/adjust-stock/"
+    opener = Client()
+    opener.force_login(admin_user)
+    token = opener.get(url, follow=True).context["form"].initial["token"]
+    form = {"token": token, "quantity": "-3", "note": "broken in the warehouse"}
+
+    def submit(i: int):
+        browser = Client(raise_request_exception=False)
+        browser.force_login(admin_user)
+        return browser.post(url, form, follow=True)
+
+    pages = run_in_threads(4, submit)
+    assert [p.status_code for p in pages] == [200] * 4
+    said = [m for page in pages for m in messages_of(page)]
+    assert said.count("Stock adjusted.") == 1, said
+    assert said.count("This adjustment was already made; nothing changed.") == 3
+    assert Product.objects.get(pk=tea.pk).stock == 2
+    assert StockMovement.objects.filter(kind="adjustment").count() == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_removals_from_two_forms_at_once_never_take_more_than_there_is(
+    admin_user, on_postgres
+):
+    """Two staff members each remove 3 of the 5 units at the same instant, each
+    from their own form: one removal is made, the other is refused on its form
+    (400) with the stock it found, and the stock never goes below zero."""
+    from django.test import Client
+
+    from orders.models import Product, StockMovement
+    from orders.services import product_get_or_create, stock_top_up
+    from tests.conftest import run_in_threads
+
+    tea, _ = product_get_or_create(sku="TEA", name="Tea", price=100, currency="CNY")
+    stock_top_up(product_id=tea.pk, at_least=5)
+    url = f"/admin/orders/product/{tea.pk}/adjust-stock/"
+    browsers = []
+    for _ in range(2):
+        browser = Client(raise_request_exception=False)
+        browser.force_login(admin_user)
+        token = browser.get(url, follow=True).context["form"].initial["token"]
+        browsers.append((browser, token))
+
+    def submit(i: int):
+        browser, token = browsers[i]
+        form = {"token": token, "quantity": "-3", "note": "sold at the counter"}
+        answer = browser.post(url, form)
+        return answer.status_code, answer.content.decode()
+
+    results = run_in_threads(2, submit)
+    assert sorted(status for status, _ in results) == [302, 400], results
+    (refused,) = [page for status, page in results if status == 400]
+    assert "Only 2 in stock: 3 cannot be removed. Nothing changed." in refused
+    assert Product.objects.get(pk=tea.pk).stock == 2
+    assert StockMovement.objects.filter(kind="adjustment").count() == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_ship_pressed_at_once_by_several_staff_ships_once(admin_user, on_postgres):
+    from django.test import Client
+
+    from tests.backoffice import messages_of
+    from tests.conftest import run_in_threads
+
+    user, _, _ = customer("alice", balance=10_000)
+    order = place_order(user)
+    payment_pay_with_balance(order_id=order.pk)
+
+    def press(i: int):
+        browser = Client(raise_request_exception=False)
+        browser.force_login(admin_user)
+        return browser.post(
+            "/admin/orders/order/",
+            {"action": "ship", "_selected_action": [order.pk]},
+            follow=True,
+        )
+
+    pages = run_in_threads(4, press)
+    assert [p.status_code for p in pages] == [200] * 4
+    said = [m for page in pages for m in messages_of(page)]
+    assert said.count("1 order updated.") == 1, said
+    refusal = (
+        f"Order {order.merchant_order_no} is Shipped; it cannot be shipped. "
+        "Not changed."
+    )
+    assert said.count(refusal) == 3, said
+    order.refresh_from_db()
+    assert order.status == Order.Status.SHIPPED
