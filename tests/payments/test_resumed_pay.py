@@ -219,3 +219,39 @@ def test_a_resumed_pay_request_whose_payment_failed_meanwhile_pays_anew(
     assert again.headers["Idempotent-Replayed"] == "true"
     assert again.content == resumed.content
     assert_ledger_ok()
+
+
+def test_two_completers_and_the_clients_retry_at_once_finish_it_once(
+    provider, settings
+):
+    """Beat's completer delivered twice (a redelivered task, two beats during a
+    failover) runs while the client's retry arrives: one of them takes the key over
+    and finishes the request with the provider's one charge; the others leave it,
+    and the client gets the pay page, now or on its next retry."""
+    user, api, _ = customer("mia", balance=0)
+    order = place_order(user, amount=1900)
+    key = cut_off_after_phase_one(api, order, settings)
+
+    def work(i: int):
+        if i < 2:
+            return complete_stuck()
+        answer = pay(customer("mia")[1], order, "provider", key)
+        return answer.status_code, answer.json()
+
+    first, second, retried = run_in_threads(3, work)
+    assert first + second <= 1, (first, second, retried)
+    status, body = retried
+    assert status in (201, 409), retried
+    if status == 409:  # a completer had it: the retry is told to come back
+        assert body["code"] == "idempotency_key_in_flight", body
+    if first + second == 0:  # the client took it over
+        assert status == 201
+    charge = Charge.objects.get()
+    payment = Payment.objects.get(order=order)
+    assert (payment.provider_txn_id, payment.status) == (charge.txn_id, "pending")
+    record = IdempotencyRecord.objects.get(key=key)
+    assert (record.status, record.response_status) == ("succeeded", 201)
+    again = pay(api, order, "provider", key)
+    assert again.status_code == 201
+    assert again.headers["Idempotent-Replayed"] == "true"
+    assert again.json()["pay_url"] == payment.pay_url
