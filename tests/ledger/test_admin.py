@@ -585,3 +585,41 @@ def test_leases_and_nonces_are_read_only_in_the_admin(admin_client):
         assert b'name="_save"' not in page.content
         assert admin_client.get(f"{changelist}add/").status_code == 403
         assert admin_client.post(f"{changelist}{pk}/delete/").status_code == 403
+
+
+@pytest.mark.django_db(transaction=True)
+def test_close_and_credit_pressed_at_once_never_close_an_account_with_money(
+    admin_user, on_postgres
+):
+    """One staff member closes an empty wallet while another credits it: either
+    the credit lands and the close is refused (the account holds money, or was
+    busy with it), or the close lands and the credit is refused (not active).
+    Never a closed account holding money, never a page that failed."""
+    for _ in range(4):
+        _, _, wallet = customer(f"alice-{wallet_count()}")
+        wallet.refresh_from_db()
+        token = token_of(
+            open_action(staff(admin_user), ACCOUNTS, "credit", [wallet.pk])
+        )
+
+        def press(i: int, wallet=wallet, token=token):
+            if i == 0:
+                return messages_of(freeze(staff(admin_user), wallet, 0, action="close"))
+            return messages_of(credit(staff(admin_user), wallet, token))
+
+        closing, crediting = run_in_threads(2, press)
+        wallet.refresh_from_db()
+        if wallet.status == Account.Status.CLOSED:
+            assert balance(wallet) == 0
+            assert any("now Closed" in m for m in closing), closing
+            assert crediting == ["The account is not active; nothing was done."]
+        else:
+            assert wallet.status == Account.Status.ACTIVE
+            assert balance(wallet) == 1250
+            assert any("Credited ¥12.50" in m for m in crediting), crediting
+            assert any("holds ¥12.50" in m or "is busy" in m for m in closing), closing
+    connection.close()
+
+
+def wallet_count() -> int:
+    return Account.objects.filter(kind=Account.Kind.WALLET).count()
