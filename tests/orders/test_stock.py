@@ -348,6 +348,18 @@ def test_create_product_refuses_bad_input(args):
     assert not Product.objects.exists()
 
 
+@pytest.mark.django_db(transaction=True)
+def test_create_product_run_at_once_makes_one_product_stocked_once(on_postgres):
+    """Two deploys (or an operator and a deploy) seed the same product at the same
+    instant: one product, its stock topped up to N once, not N for each run."""
+    args = ("TEA-1", "--name", "Tea", "--price", "1280", "--stock", "10")
+    results = run_in_threads(6, lambda i: run_create_product(*args))
+    assert all(isinstance(r, dict) for r in results), results
+    assert Product.objects.get().stock == 10
+    assert StockMovement.objects.get().quantity == 10
+    assert {r["stock"] for r in results} == {10}
+
+
 # --- the API -----------------------------------------------------------------------
 
 
