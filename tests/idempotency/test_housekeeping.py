@@ -161,3 +161,45 @@ def test_housekeeping_commands_refuse_bad_numbers_and_delete_nothing(args):
     with pytest.raises(CommandError, match=f"--{args[1][2:]} is "):
         call_command(*args)
     assert IdempotencyRecord.objects.count() == 2
+
+
+@pytest.mark.django_db(transaction=True)
+def test_release_racing_the_clients_retries_leaves_the_key_to_one_of_them(
+    on_postgres,
+):
+    """Beat's release of a stuck key (twice: a redelivered task) runs while the
+    client retries it from three threads: the key is released, or taken over, or
+    claimed afresh, and in every case at most one retry holds it; the others are
+    told it is busy or in flight, and none fails."""
+    from idempotency.records import Call, Claimed, claim
+    from tests.backoffice import stuck
+    from tests.conftest import run_in_threads
+
+    for _ in range(5):
+        IdempotencyRecord.objects.all().delete()
+        record = stuck()  # its lease passed five minutes ago
+        call = Call(
+            scope=record.scope,
+            key=record.key,
+            endpoint=record.endpoint,
+            method="POST",
+            path=record.path,
+            fingerprint=record.fingerprint,
+            fields={},
+        )
+
+        def work(i: int, call=call):
+            if i < 2:
+                return record_release_stuck(grace_seconds=60)
+            return claim(call).outcome
+
+        results = run_in_threads(5, work)
+        assert not any(isinstance(r, Exception) for r in results), results
+        holders = [r for r in results[2:] if r in (Claimed.NEW, Claimed.TAKEN_OVER)]
+        assert len(holders) <= 1, results
+        assert sum(results[:2]) <= 1, results
+        left = IdempotencyRecord.objects.filter(key=record.key).first()
+        if holders:
+            assert left is not None and left.locked_until > timezone.now()
+        else:
+            assert left is None or left.locked_until < timezone.now(), results
