@@ -203,3 +203,52 @@ def test_release_racing_the_clients_retries_leaves_the_key_to_one_of_them(
             assert left is not None and left.locked_until > timezone.now()
         else:
             assert left is None or left.locked_until < timezone.now(), results
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_purge_racing_retries_of_an_expired_key_never_deletes_the_new_record(
+    on_postgres, settings
+):
+    """A key past its time to live is forgotten: its retry runs afresh, once,
+    however many retries race each other and the purge (beat's, delivered twice).
+    The purge picks the expired record and deletes it re-checking that it still
+    is expired, so the record the retry wrote in its place stays, and a later
+    retry replays it instead of moving the money a third time."""
+    from ledger.models import Transfer
+    from tests.conftest import run_in_threads
+    from tests.helpers import balance, customer, new_key
+
+    # The record is aged by hand below: no cached replay may outlive it (a real
+    # one never does, it is cached for at most the record's time to live).
+    settings.IDEMPOTENCY_REPLAY_CACHE_SECONDS = 0
+    _, _, wallet = customer("alice", balance=10_000)
+    customer("bob")
+    key = new_key()
+    body = {"to": "bob", "amount": 100, "currency": "CNY"}
+
+    def send():
+        _, again, _ = customer("alice")
+        return again.post(
+            "/api/v1/transfers", body, format="json", headers={"Idempotency-Key": key}
+        )
+
+    assert send().status_code == 201
+    IdempotencyRecord.objects.filter(key=key).update(
+        expires_at=timezone.now() - timedelta(seconds=5)
+    )
+
+    def work(i: int):
+        if i < 2:
+            return record_purge_expired(rest=0)
+        return send().status_code
+
+    results = run_in_threads(6, work)
+    assert set(results[2:]) <= {201, 409}, results
+    assert Transfer.objects.count() == 2  # the first, and the one run afresh
+    assert balance(wallet) == 10_000 - 200
+    (record,) = IdempotencyRecord.objects.filter(key=key)
+    assert record.finished and record.expires_at > timezone.now()
+    later = send()
+    assert later.status_code == 201
+    assert later.headers["Idempotent-Replayed"] == "true"
+    assert Transfer.objects.count() == 2
