@@ -1006,6 +1006,13 @@ def _transfer_refusal(
     return None
 
 
+def _transfer_description(sender: str, recipient: str) -> str:
+    """The entry's own description of a transfer sent without one, cut to fit its
+    column: two usernames may be 150 characters each."""
+    text = f"Transfer from {sender} to {recipient}"
+    return text[: JournalEntry._meta.get_field("description").max_length]
+
+
 @transaction.atomic(savepoint=False)
 def transfer_batch_create(
     *, sender: User, items: Sequence[TransferItem]
@@ -1097,7 +1104,7 @@ def transfer_batch_create(
                 kind=JournalEntry.Kind.TRANSFER,
                 currency=item.currency,
                 description=item.description
-                or f"Transfer from {sender.get_username()} to {item.to}",
+                or _transfer_description(sender.get_username(), item.to),
             )
             for index, item in enumerate(items)
         ]

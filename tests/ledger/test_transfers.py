@@ -98,6 +98,24 @@ def test_a_transfer_without_a_currency_is_in_the_default_one(alice, bob):
     assert ledger_report()["ok"]
 
 
+def test_customers_with_the_longest_usernames_transfer_without_a_description():
+    """The entry's own description names both customers; two usernames of 150
+    characters (the longest there are) once made it too long for the column: a
+    500 instead of the transfer."""
+    sender, recipient = "s" * 150, "r" * 150
+    _, client, wallet = customer(sender, balance=1000)
+    _, _, recipient_wallet = customer(recipient)
+    single = send(client, {"to": recipient, "amount": 100})
+    assert single.status_code == 201, single.content
+    batch = send(client, {"transfers": [{"to": recipient, "amount": 10}] * 2})
+    assert batch.status_code == 201, batch.content
+    assert (balance(wallet), balance(recipient_wallet)) == (880, 120)
+    entry = Transfer.objects.get(pk=single.json()["id"]).entry
+    assert entry.description.startswith(f"Transfer from {sender} to r")
+    assert len(entry.description) <= 255
+    assert ledger_report()["ok"]
+
+
 def test_a_retry_with_the_same_key_replays(alice, bob):
     _, client, wallet = alice
     key = new_key()
