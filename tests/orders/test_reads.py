@@ -2,8 +2,16 @@
 order's payments, a payment by id. Owner only: anyone else gets 404."""
 
 import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 
-from orders.services import order_cancel
+from orders.services import (
+    order_cancel,
+    order_create,
+    preorder_create,
+    product_get_or_create,
+    stock_top_up,
+)
 from payments.services import payment_pay_with_balance
 from tests.helpers import assert_problem, customer, place_order
 
@@ -44,6 +52,31 @@ def test_orders_newest_first_paginated_and_by_status(alice):
     assert [o["amount"] for o in client.get(pending["next"]).json()["results"]] == [100]
     cancelled = client.get("/api/v1/orders?status=cancelled").json()["results"]
     assert [o["merchant_order_no"] for o in cancelled] == [placed[4].merchant_order_no]
+
+
+def test_a_page_of_orders_costs_the_same_statements_however_long(alice):
+    """Each order shows its items: read for the whole page in one statement, not
+    one per order (a page of 200 orders sent 200 more)."""
+    user, client = alice
+    tea, _ = product_get_or_create(sku="TEA", name="Tea", price=100, currency="CNY")
+    stock_top_up(product_id=tea.pk, at_least=100)
+
+    def statements() -> int:
+        with CaptureQueriesContext(connection) as captured:
+            response = client.get("/api/v1/orders?page_size=200")
+        assert response.status_code == 200, response.content
+        assert all(o["items"] for o in response.json()["results"])
+        return len(captured.captured_queries)
+
+    def place(count: int) -> None:
+        for _ in range(count):
+            number = preorder_create(owner=user).merchant_order_no
+            order_create(owner=user, merchant_order_no=number, items=[("TEA", 1)])
+
+    place(2)
+    few = statements()
+    place(20)
+    assert statements() == few
 
 
 @pytest.mark.parametrize("status", ["nope", "PAID", "20", "authorised"])
