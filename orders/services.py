@@ -109,9 +109,10 @@ def order_create(
 
     Either an `amount` (with its `currency`) or `items`, `(sku, quantity)` lines whose
     products set the amount and the currency and whose stock is taken here, in the
-    caller's transaction (see `_order_take_stock`); not enough of any line raises
-    `OutOfStock` and the caller's transaction must roll back (the API's and the web
-    form's do), so nothing is taken.
+    caller's transaction (see `_order_take_stock`), or in one of its own when there
+    is none; not enough of any line raises `OutOfStock` and the caller's
+    transaction must roll back (the API's and the web form's do), so nothing is
+    taken and no order is left.
 
     A number this caller was never issued, or one that expired unused, is refused. A
     second order for the same number is refused with `DuplicateOrder`, which names the
@@ -150,14 +151,17 @@ def order_create(
         currency=currency,
         description=description,
     )
-    if not insert_unless_exists(order, ("owner_id", "merchant_order_no")):
-        raise DuplicateOrder(merchant_order_no=merchant_order_no)
-    if items is not None:  # then `lines` has one or more
-        with transaction.atomic(savepoint=False):
+    # The order with its items and their stock, or nothing: also for a caller that
+    # runs in no transaction (the API with its key optional and none sent).
+    with transaction.atomic(savepoint=False):
+        placed = insert_unless_exists(order, ("owner_id", "merchant_order_no"))
+        if placed and items is not None:  # then `lines` has one or more
             for line in lines:
                 line.order = order
             OrderItem.objects.bulk_create(lines)
             _order_take_stock(order, lines, items)
+    if not placed:
+        raise DuplicateOrder(merchant_order_no=merchant_order_no)
     # What the response shows, without asking the database again.
     order._prefetched_objects_cache = {"items": _known_items(order, lines)}  # type: ignore[attr-defined]
     return order

@@ -419,6 +419,32 @@ def test_out_of_stock_over_the_api_is_stored_and_takes_nothing(alice):
     nothing_written()
 
 
+@pytest.mark.django_db(transaction=True)  # autocommit, as a server runs the view
+@pytest.mark.parametrize("mode", ["optional", "off"])
+def test_out_of_stock_without_the_idempotency_layer_writes_nothing(
+    alice, settings, mode
+):
+    """A deployment may make order creation's key optional, or turn the layer off
+    (`IDEMPOTENCY_ENDPOINTS`): the request then runs in no transaction of the
+    engine's. Refused for its stock, it once left the order behind, without its
+    items, its number used up."""
+    settings.IDEMPOTENCY_ENDPOINTS = {"orders.create": mode}
+    _, client, _ = alice
+    product("TEA", stock=1)
+    number = preorder(client)
+    body = {"merchant_order_no": number, "items": [{"sku": "TEA", "quantity": 2}]}
+    refused = client.post("/api/v1/orders", body, format="json")
+    assert_problem(refused, 409, "out_of_stock")
+    assert stock_of("TEA") == 1
+    nothing_written()
+    # The number is still free: the order goes through once the stock is there.
+    product("TEA", stock=2)
+    placed = client.post("/api/v1/orders", body, format="json")
+    assert placed.status_code == 201, placed.content
+    assert stock_of("TEA") == 0
+    assert ledger_report()["ok"]
+
+
 def test_out_of_stock_over_the_api_names_the_first_short_line(alice):
     _, client, _ = alice
     product("AUD-C", stock=2)
