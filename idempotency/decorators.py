@@ -142,7 +142,10 @@ def idempotent(
                 return respond(response)
 
             if call is None:
-                return run(None)
+                # Without the layer a phased view still runs in phases, each its own
+                # transaction (the view must never read "no phases" as "no outside
+                # call": a provider payment was once paid from the wallet).
+                return run(Phases.unrecorded() if in_phases else None)
             taken = getattr(request._request, FAST_PATH, None)
             wait = preferred_wait(request.headers.get("Prefer"))
             return execute(call, run, phased=in_phases, taken=taken, wait=wait)

@@ -331,6 +331,18 @@ def test_optional_mode_runs_without_a_key(alice, settings):
     assert not IdempotencyRecord.objects.exists()
 
 
+@pytest.mark.django_db(transaction=True)  # each phase commits on its own
+@pytest.mark.parametrize("mode", ["optional", "off"])
+def test_a_phased_view_without_the_layer_still_runs_in_phases(alice, settings, mode):
+    """Without a key (optional) or a layer (off), a phased view gets phases of its
+    own, each committed as it goes, and no record: it once got none at all."""
+    settings.IDEMPOTENCY_ENDPOINTS = {"test.phased_deposit": mode}
+    response = alice.post("/test/phased-deposits", {"amount": 5}, key=None)
+    assert response.status_code == 201, response.content
+    assert alice.deposits() == 1
+    assert not IdempotencyRecord.objects.exists()
+
+
 def test_unreachable_redis_falls_back_to_the_database(alice, key, settings):
     settings.REDIS_URL = "redis://127.0.0.1:1/0"  # nothing listens there
     before = counted("fallback")

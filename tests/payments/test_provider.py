@@ -182,6 +182,31 @@ def test_a_pay_request_cut_off_between_phases_resumes_without_a_second_charge(
     assert record.recovery_point == "finished"
 
 
+@pytest.mark.parametrize("mode", ["optional", "off"])
+def test_a_provider_payment_without_the_idempotency_layer_is_a_provider_one(
+    provider, settings, mode
+):
+    """A deployment may make the pay endpoint's key optional, or turn the layer off
+    (`IDEMPOTENCY_ENDPOINTS`). A provider payment sent without a key then runs its
+    phases on its own; it once went to the wallet instead, and debited it."""
+    settings.IDEMPOTENCY_ENDPOINTS = {"orders.pay": mode}
+    user, client, wallet = customer("alice", balance=5000)
+    order = place_order(user, amount=1500)
+    response = client.post(
+        f"/api/v1/orders/{order.merchant_order_no}/pay",
+        {"method": "provider"},
+        format="json",
+    )
+    assert response.status_code == 201, response.content
+    body = response.json()
+    assert (body["method"], body["status"]) == ("provider", "pending")
+    assert body["pay_url"] and body["provider_txn_id"]
+    assert balance(wallet) == 5000
+    order.refresh_from_db()
+    assert order.status == Order.Status.PENDING_PAYMENT
+    assert Charge.objects.get().merchant_order_no == order.merchant_order_no
+
+
 def test_the_provider_dedupes_by_merchant_order_number(provider):
     first = provider_charge_create(merchant_order_no="m-1", amount=500, currency="CNY")
     again = provider_charge_create(merchant_order_no="m-1", amount=500, currency="CNY")
