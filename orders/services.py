@@ -151,15 +151,18 @@ def order_create(
         currency=currency,
         description=description,
     )
-    # The order with its items and their stock, or nothing: also for a caller that
-    # runs in no transaction (the API with its key optional and none sent).
-    with transaction.atomic(savepoint=False):
+    if items is None:  # one statement, atomic on its own
         placed = insert_unless_exists(order, ("owner_id", "merchant_order_no"))
-        if placed and items is not None:  # then `lines` has one or more
-            for line in lines:
-                line.order = order
-            OrderItem.objects.bulk_create(lines)
-            _order_take_stock(order, lines, items)
+    else:  # `lines` has one or more
+        # The order with its items and their stock, or nothing: also for a caller
+        # that runs in no transaction (the API with its key optional and none sent).
+        with transaction.atomic(savepoint=False):
+            placed = insert_unless_exists(order, ("owner_id", "merchant_order_no"))
+            if placed:
+                for line in lines:
+                    line.order = order
+                OrderItem.objects.bulk_create(lines)
+                _order_take_stock(order, lines, items)
     if not placed:
         raise DuplicateOrder(merchant_order_no=merchant_order_no)
     # What the response shows, without asking the database again.
