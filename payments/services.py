@@ -735,6 +735,10 @@ def provider_reference(payment: Payment) -> str:
     return f"provider:{payment.pk}"
 
 
+# A payment that booked its charge's money (kept, or given back).
+_SETTLED = (Payment.Status.SUCCEEDED, Payment.Status.REFUNDED)
+
+
 def payment_settle(
     *, payment_id: int, provider_txn_id: str, amount: int | None = None
 ) -> Payment:
@@ -762,64 +766,69 @@ def payment_settle(
     """
     with transaction.atomic(savepoint=False):
         order, payment = _lock(payment_id)
-        if payment.status in (Payment.Status.SUCCEEDED, Payment.Status.REFUNDED):
+        if payment.status in _SETTLED or _not_its_charge(payment, provider_txn_id):
             return payment
-        if _not_its_charge(payment, provider_txn_id):
-            return payment
-        if _charge_booked_by_another(payment, provider_txn_id):
-            if payment.status == Payment.Status.PENDING:
-                payment.fail()
-                payment.save()
-            return payment
-        collected = payment.amount if amount is None else amount
-        mismatch = collected != payment.amount
-        if mismatch:
-            logger.error(
-                "the provider collected %s for payment %s of order %s, not %s: "
-                "given back",
-                collected,
-                payment.pk,
-                order.merchant_order_no,
-                payment.amount,
-            )
-            payment.amount = collected
-        reference = provider_reference(payment)
-        merchant = merchant_credit_account(
+        return _settle_its_charge(order, payment, provider_txn_id, amount)
+
+
+def _settle_its_charge(
+    order: Order, payment: Payment, provider_txn_id: str, amount: int | None
+) -> Payment:
+    """`payment_settle` for an answer about the payment's own charge: the caller
+    holds the order's and payment's locks (`_lock`) and asked `_not_its_charge`
+    under them, once (the callbacks' and the re-drive's answers go through here
+    too, each checked once)."""
+    if payment.status in _SETTLED:
+        return payment
+    if _charge_booked_by_another(payment, provider_txn_id):
+        if payment.status == Payment.Status.PENDING:
+            payment.fail()
+            payment.save()
+        return payment
+    collected = payment.amount if amount is None else amount
+    mismatch = collected != payment.amount
+    if mismatch:
+        logger.error(
+            "the provider collected %s for payment %s of order %s, not %s: given back",
+            collected,
+            payment.pk,
+            order.merchant_order_no,
+            payment.amount,
+        )
+        payment.amount = collected
+    reference = provider_reference(payment)
+    merchant = merchant_credit_account(currency=payment.currency, spread_by=reference)
+    entry = ledger_transfer(
+        source_id=external_provider_account(
             currency=payment.currency, spread_by=reference
+        ).pk,
+        destination_id=merchant.pk,
+        amount=payment.amount,
+        currency=payment.currency,
+        reference=reference,
+        kind=JournalEntry.Kind.PAYMENT,
+        params=entry_params("order_payment_provider", order=order.merchant_order_no),
+    )
+    _succeeded(payment, entry)
+    if not payment.provider_txn_id:
+        payment.provider_txn_id = provider_txn_id
+    if mismatch or not order_takes_payment(order):
+        reason = (
+            AMOUNT_MISMATCH
+            if mismatch
+            else ORDER_ALREADY_PAID
+            if order.is_paid
+            else ORDER_AUTHORIZED
+            if order.status == Order.Status.AUTHORIZED
+            else ORDER_CANCELLED
         )
-        entry = ledger_transfer(
-            source_id=external_provider_account(
-                currency=payment.currency, spread_by=reference
-            ).pk,
-            destination_id=merchant.pk,
-            amount=payment.amount,
-            currency=payment.currency,
-            reference=reference,
-            kind=JournalEntry.Kind.PAYMENT,
-            params=entry_params(
-                "order_payment_provider", order=order.merchant_order_no
-            ),
+        _refund_locked(
+            order=order, payment=payment, reason=reason, credited_id=merchant.pk
         )
-        _succeeded(payment, entry)
-        if not payment.provider_txn_id:
-            payment.provider_txn_id = provider_txn_id
-        if mismatch or not order_takes_payment(order):
-            reason = (
-                AMOUNT_MISMATCH
-                if mismatch
-                else ORDER_ALREADY_PAID
-                if order.is_paid
-                else ORDER_AUTHORIZED
-                if order.status == Order.Status.AUTHORIZED
-                else ORDER_CANCELLED
-            )
-            _refund_locked(
-                order=order, payment=payment, reason=reason, credited_id=merchant.pk
-            )
-            return payment
-        payment.save()
-        order_mark_paid(order_id=order.pk)
-        shipment_create(order_id=order.pk)
+        return payment
+    payment.save()
+    order_mark_paid(order_id=order.pk)
+    shipment_create(order_id=order.pk)
     return payment
 
 
@@ -901,22 +910,20 @@ def payment_apply_charge(
     with transaction.atomic(savepoint=False):
         if charge is None:
             return payment_fail(payment_id=payment_id, recorded_txn_id=recorded_txn_id)
-        if charge.status == "FAILED":
-            return payment_fail(
-                payment_id=payment_id,
-                recorded_txn_id=recorded_txn_id,
-                provider_txn_id=charge.txn_id,
-            )
-        if charge.status == "CANCELLED":
-            return payment_cancel(payment_id=payment_id, provider_txn_id=charge.txn_id)
-        if charge.status not in _COLLECTED:
+        if charge.status not in ("FAILED", "CANCELLED", *_COLLECTED):
             return Payment.objects.get(pk=payment_id)
-        settled_before = True
+        # Every step below runs under these locks (held to our commit), so a
+        # success being settled meanwhile is decided on what it booked; the
+        # charge is checked once, as a callback's is.
+        order, payment = _lock(payment_id)
+        if _not_its_charge(payment, charge.txn_id):
+            return payment
+        if charge.status == "FAILED":
+            return _close_its_charge(payment, "fail", recorded_txn_id)
+        if charge.status == "CANCELLED":
+            return _close_its_charge(payment, "cancel")
+        settled_before = payment.journal_entry_id is not None
         if charge.status == "REFUNDED":
-            # Under the locks `payment_settle` takes next (held to our commit), so
-            # a success being settled meanwhile is decided on what it booked.
-            _, payment = _lock(payment_id)
-            settled_before = payment.journal_entry_id is not None
             booked = payment.provider_txn_id
             if payment.status == Payment.Status.SUCCEEDED and booked != charge.txn_id:
                 logger.warning(
@@ -927,9 +934,7 @@ def payment_apply_charge(
                     booked or "(none recorded)",
                 )
                 return payment
-        payment = payment_settle(
-            payment_id=payment_id, provider_txn_id=charge.txn_id, amount=charge.amount
-        )
+        payment = _settle_its_charge(order, payment, charge.txn_id, charge.amount)
         if charge.status == "REFUNDED" and payment.status == Payment.Status.SUCCEEDED:
             logger.warning(
                 "the provider refunded payment %s's charge %s: refunded here too",
@@ -965,14 +970,22 @@ def _close_pending(
     given the answer's `provider_txn_id`, only a payment whose charge it is."""
     with transaction.atomic(savepoint=False):
         _, payment = _lock(payment_id)
-        unchanged = recorded_txn_id in (None, payment.provider_txn_id)
-        if (
-            payment.status == Payment.Status.PENDING
-            and unchanged
-            and not _not_its_charge(payment, provider_txn_id)
+        if payment.status == Payment.Status.PENDING and not _not_its_charge(
+            payment, provider_txn_id
         ):
-            getattr(payment, edge)()
-            payment.save()
+            _close_its_charge(payment, edge, recorded_txn_id)
+    return payment
+
+
+def _close_its_charge(
+    payment: Payment, edge: str, recorded_txn_id: str | None = None
+) -> Payment:
+    """`_close_pending` for an answer about the payment's own charge: the caller
+    holds the locks and asked `_not_its_charge` under them, once."""
+    unchanged = recorded_txn_id in (None, payment.provider_txn_id)
+    if payment.status == Payment.Status.PENDING and unchanged:
+        getattr(payment, edge)()
+        payment.save()
     return payment
 
 
@@ -1267,20 +1280,18 @@ def _provider_event_apply(event: ProviderEvent) -> None:
     txn = event.payload.get("provider_txn_id", "")
     try:
         with transaction.atomic():  # a savepoint: a failure rolls back to it
-            _, payment = _lock(event.payment_id)
+            order, payment = _lock(event.payment_id)
             if _not_its_charge(payment, txn):
                 outcome = ProviderEvent.NOT_ITS_CHARGE
             else:
+                # Under the locks just taken, the charge checked once: what
+                # `payment_settle` and `payment_fail` do after their own check.
                 if event.kind == "SUCCESS":
-                    payment = payment_settle(
-                        payment_id=event.payment_id,
-                        provider_txn_id=txn,
-                        amount=event.payload.get("amount"),
+                    payment = _settle_its_charge(
+                        order, payment, txn, event.payload.get("amount")
                     )
                 else:
-                    payment = payment_fail(
-                        payment_id=event.payment_id, provider_txn_id=txn
-                    )
+                    payment = _close_its_charge(payment, "fail")
                 outcome = f"payment {payment.status}"
     except (OperationalError, InterfaceError):
         raise  # the database itself: the task's retries, not a failed attempt

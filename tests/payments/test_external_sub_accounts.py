@@ -287,15 +287,16 @@ def test_a_charge_refunded_at_the_provider_settles_and_refunds_beside_a_sweep(
     sub = merchant_credit_account(currency="CNY", spread_by=f"provider:{payment.pk}")
     assert sub.parent_id is not None
     settled, go = threading.Event(), threading.Event()
-    real = payments.services.payment_settle
+    # The settlement `payment_apply_charge` runs under its locks, then the refund.
+    real = payments.services._settle_its_charge
 
-    def then_pause(**kwargs):
-        result = real(**kwargs)
+    def then_pause(*args):
+        result = real(*args)
         settled.set()
         assert go.wait(30)
         return result
 
-    monkeypatch.setattr(payments.services, "payment_settle", then_pause)
+    monkeypatch.setattr(payments.services, "_settle_its_charge", then_pause)
     refunded = ProviderCharge(
         txn_id=payment.provider_txn_id,
         merchant_order_no=payment.order.merchant_order_no,

@@ -262,10 +262,10 @@ def test_racing_redrives_process_it_once(on_postgres):
 def test_a_lost_database_connection_is_retried_not_counted(late_success, monkeypatch):
     event, *_ = late_success
 
-    def connection_lost(**_):
+    def connection_lost(*_args, **_kwargs):
         raise OperationalError("server closed the connection unexpectedly")
 
-    monkeypatch.setattr(services, "payment_settle", connection_lost)
+    monkeypatch.setattr(services, "_settle_its_charge", connection_lost)
     with pytest.raises(OperationalError), transaction.atomic():
         provider_event_process(event_id=event.pk)
     event.refresh_from_db()

@@ -12,6 +12,8 @@ Every charge's money is booked at most once.
 """
 
 import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 
 from ledger.invariants import ledger_report
 from ledger.models import JournalEntry
@@ -212,3 +214,38 @@ def test_a_failure_then_a_success_of_the_same_charge_settles_the_payment():
     payment_fail(payment_id=payment.pk)
     process(stored(event_body(payment)))
     assert_settled_once(payment)
+
+
+def asked_whose_charge(queries: CaptureQueriesContext) -> int:
+    """How many of `queries` asked whether a payment of another order recorded a
+    transaction (`_not_its_charge`, for a payment with none recorded)."""
+    return sum(
+        'NOT ("payments_payment"."order_id" =' in query["sql"]
+        for query in queries.captured_queries
+    )
+
+
+@pytest.mark.parametrize("status", ["SUCCESS", "FAILED"])
+def test_an_answer_on_a_payment_with_no_charge_recorded_is_checked_once(status):
+    """A callback's event, and beat's re-drive, about a payment that recorded no
+    charge yet ask once whether its transaction is another order's: the event's
+    check (or the re-drive's) stands for the settlement or the failure it leads
+    to, under the same locks."""
+    user, _, _ = customer("gus")
+    by_callback = opened_without_charge(place_order(user, amount=AMOUNT))
+    event = stored(event_body(by_callback, provider_txn_id="TC", status=status))
+    with CaptureQueriesContext(connection) as queries:
+        process(event)
+    assert asked_whose_charge(queries) == 1
+    by_callback.refresh_from_db()
+    assert by_callback.status == status.lower().replace("success", "succeeded")
+
+    by_redrive = opened_without_charge(place_order(user, amount=AMOUNT))
+    with CaptureQueriesContext(connection) as queries:
+        answered = payment_apply_charge(
+            payment_id=by_redrive.pk,
+            charge=charge(by_redrive, "TR", status),
+            recorded_txn_id="",
+        )
+    assert asked_whose_charge(queries) == 1
+    assert answered.status == by_callback.status
