@@ -9,8 +9,9 @@ Read at `/metrics` together with the idempotency counters (`idempotency.metrics`
   `celery_task_duration_seconds{task}`; `celery_publishes_total{task, outcome}`
   (`sent`, `failed`, `skipped`): the tasks web requests sent (`ledger.broker`).
 - what the apps read from the database at scrape time (`register_scrape_collector`):
-  `payments_callback_inbox_depth`, `payments_provider_events_parked` and
-  `payments_provider_events_not_its_charge` (`payments.metrics`).
+  `payments_callback_inbox_depth`, `payments_provider_events_parked`,
+  `payments_provider_events_not_its_charge`, `payments_provider_payments_parked` and
+  `payments_provider_answers_not_its_charge` (`payments.metrics`).
 
 With PROMETHEUS_MULTIPROC_DIR set (an empty directory; `make run` sets and empties one
 in the data folder) every web worker and every Celery process writes its samples

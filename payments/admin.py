@@ -103,6 +103,24 @@ class OrderWithPaymentsAdmin(OrderAdmin):
         return [*super().get_inlines(request, obj), PaymentInline]
 
 
+class HeardOfAnotherChargeFilter(admin.SimpleListFilter):
+    """The provider payments whose re-drive or reconciliation heard of a charge
+    that is not theirs, read through their partial index."""
+
+    title = _("answer about another charge")
+    parameter_name = "another_charge"
+
+    def lookups(self, request: HttpRequest, model_admin: admin.ModelAdmin) -> list:
+        return [("yes", _("Yes"))]
+
+    def queryset(
+        self, request: HttpRequest, queryset: QuerySet[Payment]
+    ) -> QuerySet[Payment]:
+        if self.value() == "yes":
+            return queryset.exclude(other_charge_txn_id="")
+        return queryset
+
+
 @admin.register(Payment)
 class PaymentAdmin(BackofficeMixin, ReadOnlyAdmin):
     """Payments are records of money that moved: read-only here; refunds go through
@@ -129,6 +147,7 @@ class PaymentAdmin(BackofficeMixin, ReadOnlyAdmin):
         CurrencyFilter,
         "created_at",
         ("redrive_parked_at", admin.EmptyFieldListFilter),
+        HeardOfAnotherChargeFilter,
     )
     search_fields = ("order__merchant_order_no", "order__owner__username")
     list_select_related = ("order",)
@@ -153,6 +172,8 @@ class PaymentAdmin(BackofficeMixin, ReadOnlyAdmin):
         "redrive_attempts",
         "redrive_error",
         "redrive_parked_at",
+        "other_charge_txn_id",
+        "other_charge_status",
     )
     fields = readonly_fields
     actions = ("refund", "capture", "void", "redrive")

@@ -7,7 +7,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from .models import ProviderEvent
-from .selectors import payments_parked
+from .selectors import payments_heard_of_another_charge, payments_parked
 
 
 def _gauge(name: str, documentation: str, value: int) -> GaugeMetricFamily:
@@ -68,8 +68,10 @@ class InboxDepthCollector(Collector):
 
 
 class ParkedPaymentsCollector(Collector):
-    """Provider payments whose re-drive is parked for staff, counted when
-    Prometheus scrapes (through the partial index `payment_redrive_parked`)."""
+    """Provider payments whose re-drive is parked for staff (through the partial
+    index `payment_redrive_parked`), and those whose re-drive or reconciliation
+    heard of a charge that is not theirs (`payment_other_charge_heard`), counted
+    when Prometheus scrapes."""
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         count = _counted(payments_parked().count)
@@ -79,4 +81,13 @@ class ParkedPaymentsCollector(Collector):
                 "Provider payments whose re-drive the ledger refused "
                 "PAYMENT_REDRIVE_MAX_ATTEMPTS times; staff must re-drive them.",
                 count,
+            )
+        other = _counted(payments_heard_of_another_charge().count)
+        if isinstance(other, int):
+            yield _gauge(
+                "payments_provider_answers_not_its_charge",
+                "Provider payments whose re-drive or reconciliation heard of a "
+                "charge that is not theirs, changing nothing; staff look into them "
+                '(admin filter "answer about another charge").',
+                other,
             )

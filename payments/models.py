@@ -118,6 +118,26 @@ class Payment(ProtectedStateMixin, ConcurrentTransitionMixin, models.Model):
     reconcile_retired = models.BooleanField(
         _("past the reconciliation window"), default=False, db_default=False
     )
+    # The provider's answer, to beat's re-drive or reconciliation or to the
+    # cancel of an open charge, about a charge that is not this payment's
+    # (`_not_its_charge`): it changed nothing, and is kept here for staff, as a
+    # callback's is on its event. The last one; a collected charge stays over a
+    # later answer that one was not collected. `/metrics` counts these payments;
+    # `check_ledger` names a collected charge that no payment booked.
+    other_charge_txn_id = models.CharField(
+        _("answer about another charge"),
+        max_length=64,
+        blank=True,
+        default="",
+        db_default="",
+    )
+    other_charge_status = models.CharField(
+        _("status of the other charge"),
+        max_length=16,
+        blank=True,
+        default="",
+        db_default="",
+    )
 
     class ChargeCancel(models.TextChoices):
         NONE = "", _("No cancel to follow up")
@@ -205,6 +225,13 @@ class Payment(ProtectedStateMixin, ConcurrentTransitionMixin, models.Model):
                 fields=["redrive_parked_at"],
                 condition=Q(redrive_parked_at__isnull=False),
                 name="payment_redrive_parked",
+            ),
+            # The few that heard of another charge: `/metrics` counts them,
+            # `check_ledger` reads the collected ones.
+            models.Index(
+                fields=["other_charge_status"],
+                condition=~Q(other_charge_txn_id=""),
+                name="payment_other_charge_heard",
             ),
         ]
 

@@ -29,6 +29,13 @@ def payments_parked() -> QuerySet[Payment]:
     ).order_by("pk")
 
 
+def payments_heard_of_another_charge() -> QuerySet[Payment]:
+    """Provider payments whose re-drive or reconciliation heard the provider
+    answer about a charge that is not theirs (`other_charge_txn_id`), oldest
+    first; found through the partial index `payment_other_charge_heard`."""
+    return Payment.objects.exclude(other_charge_txn_id="").order_by("pk")
+
+
 def payment_list(*, order: Order) -> QuerySet[Payment]:
     """The order's payments, newest first."""
     return Payment.objects.filter(order=order).order_by("-id")

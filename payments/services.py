@@ -917,6 +917,7 @@ def payment_apply_charge(
         # charge is checked once, as a callback's is.
         order, payment = _lock(payment_id)
         if _not_its_charge(payment, charge.txn_id):
+            _other_charge_heard(payment, charge)
             return payment
         if charge.status == "FAILED":
             return _close_its_charge(payment, "fail", recorded_txn_id)
@@ -956,6 +957,27 @@ def payment_apply_charge(
             )
             payment = Payment.objects.get(pk=payment.pk)
     return payment
+
+
+def _other_charge_heard(payment: Payment, charge: ProviderCharge) -> None:
+    """Keep on the payment, whose row the caller holds locked, the provider's
+    answer about a charge that is not its own: it changes nothing, and would
+    otherwise leave a log line only (a callback's keeps its event). `/metrics`
+    counts such payments, the admin filters them, and `check_ledger` names a
+    collected charge that no payment booked: the provider may hold money the
+    ledger never recorded. One conditional update: the same answer again writes
+    nothing, and a collected charge stays named over a later answer that one was
+    not collected."""
+    heard = Payment.objects.filter(pk=payment.pk).exclude(
+        other_charge_txn_id=charge.txn_id, other_charge_status=charge.status
+    )
+    if charge.status not in _COLLECTED:
+        heard = heard.exclude(other_charge_status__in=_COLLECTED)
+    if heard.update(
+        other_charge_txn_id=charge.txn_id, other_charge_status=charge.status
+    ):
+        payment.other_charge_txn_id = charge.txn_id
+        payment.other_charge_status = charge.status
 
 
 def _close_pending(

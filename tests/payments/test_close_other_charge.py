@@ -247,3 +247,54 @@ def test_the_admin_filters_events_by_what_they_report(admin_client):
     assert failure.event_id in failed and own.event_id not in failed
     succeeded = admin_client.get(EVENTS, {"kind": "SUCCESS"}).content.decode()
     assert own.event_id in succeeded and failure.event_id not in succeeded
+
+
+PAYMENTS = "/admin/payments/payment/"
+ANSWERS_GAUGE = "payments_provider_answers_not_its_charge"
+
+
+def test_a_redrive_answer_about_another_charge_is_kept_counted_and_filtered(
+    monkeypatch, admin_client
+):
+    """Beat's re-drive hears of T1, not the payment's T2: nothing changes, but the
+    payment keeps the answer, `/metrics` counts it and the admin filters it. The
+    same answer again is one payment counted; a later answer about yet another
+    charge, not collected, leaves the collected T1 named. A callback about
+    another charge stays on its event only."""
+    user, _, _ = customer("jon")
+    payment = pending_provider_payment(place_order(user, amount=AMOUNT), txn="T2")
+    by_callback, failure = failure_stored_before_its_charge("kim")
+    process(failure)
+    assert gauge(ANSWERS_GAUGE, admin_client) == 0
+    answers = iter(
+        [
+            charge(payment, "T1", "FAILED"),
+            charge(payment, "T1", "FAILED"),
+            charge(payment, "T1", "SUCCESS"),
+            charge(payment, "T3", "CANCELLED"),
+        ]
+    )
+    monkeypatch.setattr(services, "provider_charge_get", lambda **_: next(answers))
+    heard = []
+    for _ in range(4):
+        assert payment_redrive(payment_id=payment.pk).status == Payment.Status.PENDING
+        payment.refresh_from_db()
+        heard.append((payment.other_charge_txn_id, payment.other_charge_status))
+    assert heard == [
+        ("T1", "FAILED"),
+        ("T1", "FAILED"),
+        ("T1", "SUCCESS"),
+        ("T1", "SUCCESS"),
+    ]
+    unsettled(payment)
+    by_callback.refresh_from_db()
+    assert by_callback.other_charge_txn_id == ""
+    assert gauge(ANSWERS_GAUGE, admin_client) == 1
+
+    listed = admin_client.get(PAYMENTS, {"another_charge": "yes"})
+    assert listed.status_code == 200
+    text = listed.content.decode()
+    assert f"{PAYMENTS}{payment.pk}/change/" in text
+    assert f"{PAYMENTS}{by_callback.pk}/change/" not in text
+    page = admin_client.get(f"{PAYMENTS}{payment.pk}/change/").content.decode()
+    assert "T1" in page and "SUCCESS" in page
