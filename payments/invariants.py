@@ -2,7 +2,7 @@
 and payments agree, every payment matches the ledger and its hold; and warnings
 for what waits on the provider or an operator (parked callbacks, refunds not
 returned, charges collected for another amount, charges not cancelled, paid
-orders not shipped)."""
+orders not shipped, charges reported collected that no payment booked)."""
 
 from django.db.models import Count, Exists, F, OuterRef, Q
 
@@ -270,4 +270,50 @@ def charges_of_another_amount() -> list[str]:
         f"payment {pk} (order {no}): the provider collected {amount}, not the "
         f"{asked} asked; its refund is {at_provider} at the provider"
         for pk, no, amount, asked, at_provider in rows
+    ]
+
+
+@warning_check
+def collected_charges_booked_by_no_payment() -> list[str]:
+    """Charges the provider reported collected in an answer about another charge
+    than its payment's (a callback's event processed changing nothing, or the
+    answer a re-drive or the reconciliation kept on its payment, `_not_its_charge`)
+    that no payment has booked: the provider may hold money the ledger never
+    recorded. For an operator to take up with the provider; named until a payment
+    books the charge."""
+    from .models import Payment, ProviderEvent
+    from .selectors import payments_heard_of_another_charge
+
+    # Both through their partial indexes: the few answers about another charge.
+    heard: dict[str, tuple[str, list[str]]] = {}
+    events = (
+        ProviderEvent.objects.filter(
+            outcome=ProviderEvent.NOT_ITS_CHARGE, kind="SUCCESS"
+        )
+        .order_by("pk")
+        .values_list("event_id", "payload")
+    )
+    for event_id, payload in events:
+        txn = payload.get("provider_txn_id") or ""
+        if txn:
+            order_no = payload.get("merchant_order_no", "")
+            heard.setdefault(txn, (order_no, []))[1].append(f"event {event_id!r}")
+    answers = (
+        payments_heard_of_another_charge()
+        .filter(other_charge_status="SUCCESS")
+        .values_list("pk", "order__merchant_order_no", "other_charge_txn_id")
+    )
+    for pk, order_no, txn in answers:
+        heard.setdefault(txn, (order_no, []))[1].append(f"re-drive of payment {pk}")
+    booked = set(
+        Payment.objects.filter(
+            provider_txn_id__in=list(heard), journal_entry__isnull=False
+        ).values_list("provider_txn_id", flat=True)
+    )
+    return [
+        f"provider charge {txn!r} (order {order_no}) reported collected "
+        f"({', '.join(sources)}) but booked by no payment: the provider may hold "
+        "money the ledger never recorded"
+        for txn, (order_no, sources) in heard.items()
+        if txn not in booked
     ]
