@@ -272,7 +272,10 @@ def test_asked_twice_and_raced_by_the_customers_refund_refunds_once(callbacks):
         ).status_code
 
     outcomes = run_in_threads(8, race)
-    assert sorted(outcomes[:2]) == [0, 1], outcomes
+    # Never both: two runs share the work. Neither, when the customer's refund
+    # held the payment's row as they looked (they skip the rows another holds);
+    # the tasks then bring it to the provider's answer all the same.
+    assert sorted(outcomes[:2]) in ([0, 0], [0, 1]), outcomes
     assert all(isinstance(o, str) for o in outcomes[2:6]), outcomes
     assert outcomes[6] == 200, outcomes
     (made,) = Refund.objects.all()
