@@ -662,17 +662,18 @@ def wallet_top_up(
 
     The row is locked while we decide, and the deposit's reference names the version
     we decided on, so two concurrent top-ups cannot both deposit the difference.
-    `active_only` refuses a wallet that is not active (`AccountNotActive`), funded
-    or not, decided under the same lock, so a freeze cannot slip in between: an
-    operator's top-up of a frozen wallet is a mistake to report, where a credit
-    to it (a refund) is not.
+    `active_only` refuses a deposit into a wallet that is not active
+    (`AccountNotActive`), decided under the same lock, so a freeze cannot slip in
+    between: an operator's top-up of a frozen wallet is a mistake to report, where
+    a credit to it (a refund) is not. A wallet that holds the amount already needs
+    no deposit and is not refused: running the same top-up again changes nothing.
     """
     account = Account.objects.select_for_update().get(pk=account_id)
-    if active_only and account.status != Account.Status.ACTIVE:
-        raise AccountNotActive(f"Account {account_id} is {account.status}.")
     missing = at_least - account.balance
     if missing <= 0:
         return None
+    if active_only and account.status != Account.Status.ACTIVE:
+        raise AccountNotActive(f"Account {account_id} is {account.status}.")
     return ledger_deposit(
         account_id=account.pk,
         amount=missing,

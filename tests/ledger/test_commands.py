@@ -105,7 +105,6 @@ def test_create_customer_whose_top_up_fails_creates_nothing(monkeypatch):
     ("edge", "funded", "asked"),
     [
         ("freeze", 100, "500"),
-        ("freeze", 100, "100"),  # already holding it: refused all the same
         ("close", 0, "500"),  # only an empty account can be closed
     ],
 )
@@ -132,14 +131,27 @@ def test_create_customer_refuses_to_top_up_a_wallet_that_is_not_active(
     status = Account.objects.get(pk=wallet_id).status
     assert refused.value.returncode == 1
     assert message == (
-        f"'frank''s wallet (account {wallet_id}) is {status}: --balance tops up "
-        "only an active wallet; nothing changed"
+        f"the wallet of 'frank' (account {wallet_id}) is {status}: --balance tops "
+        "up only an active wallet; nothing changed"
     )
     assert Account.objects.get(pk=wallet_id).balance == funded
     assert JournalEntry.objects.filter(kind="deposit").count() == deposits
     assert get_user_model().objects.get(username="frank").password == hashed
     # Without --balance the customer is still found, as before.
     assert create_customer("frank")["account"] == wallet_id
+
+
+def test_create_customer_run_again_on_a_frozen_wallet_holding_the_balance():
+    """Safe to run again: a frozen wallet that holds the balance asked for needs
+    no deposit, so the run answers the same user and token, changing nothing."""
+    from ledger import services
+
+    first = create_customer("gina", "--balance", "100")
+    services.account_freeze(account_id=first["account"])
+    deposits = JournalEntry.objects.filter(kind="deposit").count()
+    assert create_customer("gina", "--balance", "100") == first
+    assert JournalEntry.objects.filter(kind="deposit").count() == deposits
+    assert Account.objects.get(pk=first["account"]).balance == 100
 
 
 def test_create_customer_tops_up_an_unfrozen_wallet_again():

@@ -66,8 +66,8 @@ class Command(BaseCommand):
             # Rolled back: a password given along is not set either.
             status = Account.objects.values_list("status", flat=True).get(pk=wallet.pk)
             raise CommandError(
-                f"{name!r}'s wallet (account {wallet.pk}) is {status}: --balance "
-                "tops up only an active wallet; nothing changed"
+                f"the wallet of {name!r} (account {wallet.pk}) is {status}: "
+                "--balance tops up only an active wallet; nothing changed"
             ) from None
         line = {"username": user.get_username(), "token": token, "account": wallet.pk}
         self.stdout.write(json.dumps(line))
