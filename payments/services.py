@@ -895,7 +895,7 @@ def payment_apply_charge(
     only from `pending`; given `recorded_txn_id`, the transaction the payment had
     when the provider was asked, only while it still has that one; and never by an
     answer about a charge that is not the payment's, `_not_its_charge`). Collected:
-    `payment_settle`, with the amount collected
+    settled as `payment_settle` settles, with the amount collected
     (another amount than asked is given back at once). Collected and then
     refunded at the provider: settled and refunded (reason
     `refunded_at_provider`), so the order ends `refunded` whether its success
@@ -971,6 +971,10 @@ def _other_charge_heard(payment: Payment, charge: ProviderCharge) -> None:
     heard = Payment.objects.filter(pk=payment.pk).exclude(
         other_charge_txn_id=charge.txn_id, other_charge_status=charge.status
     )
+    if charge.status != "SUCCESS":  # only its own refund replaces a success
+        heard = heard.exclude(
+            Q(other_charge_status="SUCCESS") & ~Q(other_charge_txn_id=charge.txn_id)
+        )
     if charge.status not in _COLLECTED:
         heard = heard.exclude(other_charge_status__in=_COLLECTED)
     if heard.update(

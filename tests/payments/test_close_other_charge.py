@@ -259,8 +259,9 @@ def test_a_redrive_answer_about_another_charge_is_kept_counted_and_filtered(
     """Beat's re-drive hears of T1, not the payment's T2: nothing changes, but the
     payment keeps the answer, `/metrics` counts it and the admin filters it. The
     same answer again is one payment counted; a later answer about yet another
-    charge, not collected, leaves the collected T1 named. A callback about
-    another charge stays on its event only."""
+    charge, collected and refunded or not collected, leaves the collected T1
+    named; T1's own refund replaces it. A callback about another charge stays on
+    its event only."""
     user, _, _ = customer("jon")
     payment = pending_provider_payment(place_order(user, amount=AMOUNT), txn="T2")
     by_callback, failure = failure_stored_before_its_charge("kim")
@@ -272,11 +273,13 @@ def test_a_redrive_answer_about_another_charge_is_kept_counted_and_filtered(
             charge(payment, "T1", "FAILED"),
             charge(payment, "T1", "SUCCESS"),
             charge(payment, "T3", "CANCELLED"),
+            charge(payment, "T3", "REFUNDED"),
+            charge(payment, "T1", "REFUNDED"),
         ]
     )
     monkeypatch.setattr(services, "provider_charge_get", lambda **_: next(answers))
     heard = []
-    for _ in range(4):
+    for _ in range(6):
         assert payment_redrive(payment_id=payment.pk).status == Payment.Status.PENDING
         payment.refresh_from_db()
         heard.append((payment.other_charge_txn_id, payment.other_charge_status))
@@ -285,6 +288,8 @@ def test_a_redrive_answer_about_another_charge_is_kept_counted_and_filtered(
         ("T1", "FAILED"),
         ("T1", "SUCCESS"),
         ("T1", "SUCCESS"),
+        ("T1", "SUCCESS"),
+        ("T1", "REFUNDED"),
     ]
     unsettled(payment)
     by_callback.refresh_from_db()
@@ -297,4 +302,4 @@ def test_a_redrive_answer_about_another_charge_is_kept_counted_and_filtered(
     assert f"{PAYMENTS}{payment.pk}/change/" in text
     assert f"{PAYMENTS}{by_callback.pk}/change/" not in text
     page = admin_client.get(f"{PAYMENTS}{payment.pk}/change/").content.decode()
-    assert "T1" in page and "SUCCESS" in page
+    assert "T1" in page and "REFUNDED" in page
