@@ -282,7 +282,8 @@ class OrderListApi(APIView):
         orders = order_list(
             owner=authenticated(request),
             status=Order.Status[name.upper()] if name else None,
-        ).prefetch_related("items")  # each order shows them: one statement a page
+            with_items=True,
+        )
         return NewestFirst.respond(orders, request, self, OrderOutputSerializer)
 
 
