@@ -10,6 +10,7 @@ from django.test import Client
 from django.utils import timezone
 
 from idempotency.models import IdempotencyRecord
+from idempotency.records import Call
 from ledger.services import account_freeze, account_unfreeze, merchant_account
 from payments.models import Payment, ProviderEvent
 from payments.services import payment_pay_with_balance
@@ -82,6 +83,19 @@ def stuck(**values) -> IdempotencyRecord:
         recovery_point="started",
         locked_until=timezone.now() - timedelta(minutes=5),
         **values,
+    )
+
+
+def call_of(record: IdempotencyRecord) -> Call:
+    """A retry of `record`'s request, as the engine describes it."""
+    return Call(
+        scope=record.scope,
+        key=record.key,
+        endpoint=record.endpoint,
+        method="POST",
+        path=record.path,
+        fingerprint=record.fingerprint,
+        fields={},
     )
 
 

@@ -6,9 +6,9 @@ import pytest
 from django.db import connection, transaction
 
 from idempotency.models import AuditEntry, IdempotencyRecord
-from idempotency.records import Call, Claimed, claim
+from idempotency.records import Claimed, claim
 from idempotency.services import KeyNotForgettable, record_forget
-from tests.backoffice import messages_of, staff, stuck
+from tests.backoffice import call_of, messages_of, staff, stuck
 from tests.conftest import run_in_threads
 from tests.factories import IdempotencyRecordFactory
 
@@ -44,15 +44,7 @@ def test_forget_frees_the_key_and_records_who(admin_client, admin_user):
     assert entry.record["recovery_point"] == "started"
     assert any("forgotten" in m for m in messages_of(response))
     # The key is free: the client's retry starts afresh.
-    call = Call(
-        scope=record.scope,
-        key=record.key,
-        endpoint=record.endpoint,
-        method="POST",
-        path=record.path,
-        fingerprint=record.fingerprint,
-        fields={},
-    )
+    call = call_of(record)
     assert claim(call).outcome == Claimed.NEW
     # The audit log is read-only.
     page = admin_client.get(f"/admin/idempotency/auditentry/{entry.pk}/change/")

@@ -171,22 +171,14 @@ def test_release_racing_the_clients_retries_leaves_the_key_to_one_of_them(
     client retries it from three threads: the key is released, or taken over, or
     claimed afresh, and in every case at most one retry holds it; the others are
     told it is busy or in flight, and none fails."""
-    from idempotency.records import Call, Claimed, claim
-    from tests.backoffice import stuck
+    from idempotency.records import Claimed, claim
+    from tests.backoffice import call_of, stuck
     from tests.conftest import run_in_threads
 
     for _ in range(5):
         IdempotencyRecord.objects.all().delete()
         record = stuck()  # its lease passed five minutes ago
-        call = Call(
-            scope=record.scope,
-            key=record.key,
-            endpoint=record.endpoint,
-            method="POST",
-            path=record.path,
-            fingerprint=record.fingerprint,
-            fields={},
-        )
+        call = call_of(record)
 
         def work(i: int, call=call):
             if i < 2:

@@ -19,6 +19,18 @@ def refused() -> list[str | None]:
     return [message.id for message in checks.run_checks() if message.is_serious()]
 
 
+def manage_py_check(**variables: str) -> subprocess.CompletedProcess[str]:
+    """`manage.py check` as an operator runs it, with `variables` in its environment."""
+    return subprocess.run(
+        [sys.executable, "manage.py", "check"],
+        cwd=ROOT,
+        env={**os.environ, **variables},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
 def test_the_shipped_settings_pass():
     assert refused() == []
 
@@ -86,15 +98,7 @@ def test_a_redis_url_that_names_no_redis_is_refused(settings, url):
 
 
 def test_manage_py_stops_on_a_purge_grace_from_the_environment():
-    env = {**os.environ, "PREORDER_PURGE_AFTER_SECONDS": "60"}
-    result = subprocess.run(
-        [sys.executable, "manage.py", "check"],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    result = manage_py_check(PREORDER_PURGE_AFTER_SECONDS="60")
     assert result.returncode == 1, result.stdout
     assert "orders.E001" in result.stderr
     assert "PREORDER_PURGE_AFTER_SECONDS = 60" in result.stderr
@@ -114,14 +118,7 @@ def test_a_number_below_what_a_variable_takes_is_one_line_naming_it(
 ):
     """As for a number that is none: not the system checks' report of several
     lines, but one line naming the variable and what it takes."""
-    result = subprocess.run(
-        [sys.executable, "manage.py", "check"],
-        cwd=ROOT,
-        env={**os.environ, name: value},
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    result = manage_py_check(**{name: value})
     assert result.returncode == 1, result.stdout
     assert "Traceback" not in result.stderr, result.stderr[-3000:]
     assert result.stderr.strip().splitlines() == [
@@ -131,15 +128,8 @@ def test_a_number_below_what_a_variable_takes_is_one_line_naming_it(
 
 
 def test_the_lowest_number_a_variable_takes_is_taken():
-    env = {**os.environ, "IDEMPOTENCY_LEASE_SECONDS": "1"}
-    env["IDEMPOTENCY_REPLAY_CACHE_SECONDS"] = "0"
-    result = subprocess.run(
-        [sys.executable, "manage.py", "check"],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
+    result = manage_py_check(
+        IDEMPOTENCY_LEASE_SECONDS="1", IDEMPOTENCY_REPLAY_CACHE_SECONDS="0"
     )
     assert result.returncode == 0, result.stderr[-3000:]
 
