@@ -11,6 +11,7 @@ from django.utils.translation import gettext_lazy as _
 
 from idempotency.listfilters import ValuesFilter
 from ledger.admin import REFUSALS, ReadOnlyAdmin, refusal_message
+from ledger.auth import authenticated
 from ledger.backoffice import (
     ActionForm,
     BackofficeMixin,
@@ -28,12 +29,18 @@ from .exceptions import ProviderUnavailable
 from .models import (
     CALLBACK_STATUSES,
     CallbackNonce,
+    ChargeTakenUp,
     Payment,
     ProviderEvent,
     Refund,
     Shipment,
 )
+from .selectors import (
+    other_charges_collected_in_events,
+    other_charges_collected_on_payments,
+)
 from .services import (
+    charge_take_up,
     payment_capture,
     payment_redrive_parked,
     payment_refund,
@@ -101,6 +108,63 @@ admin.site.unregister(Order)
 class OrderWithPaymentsAdmin(OrderAdmin):
     def get_inlines(self, request: HttpRequest, obj: Order | None) -> list:
         return [*super().get_inlines(request, obj), PaymentInline]
+
+
+# The charges a message names; the rest are counted.
+TXNS_NAMED = 10
+
+
+def take_up(
+    model_admin: admin.ModelAdmin, request: HttpRequest, txns: list[str]
+) -> None:
+    """Record each of `txns`, charges reported collected in an answer about
+    another charge, taken up with the provider by this staff member: `check_ledger`
+    stops naming them. No input, so no token: each is recorded once (the service's
+    unique transaction id), and a second press or a second staff member is told it
+    was recorded before."""
+    if not txns:
+        model_admin.message_user(
+            request,
+            gettext(
+                "None of the selected rows reports another charge collected; "
+                "nothing was recorded."
+            ),
+            messages.WARNING,
+        )
+        return
+    made = before = 0
+    for txn in txns:
+        with transaction.atomic(durable=True):  # the admin is the entry point
+            _, recorded = charge_take_up(
+                provider_txn_id=txn, user_id=authenticated(request).pk
+            )
+        if recorded:
+            made += 1
+        else:
+            before += 1
+    parts = [
+        ngettext("%(n)d recorded", "%(n)d recorded", made),
+        ngettext("%(n)d recorded before", "%(n)d recorded before", before),
+    ]
+    summary = ", ".join(
+        part % {"n": n} for part, n in zip(parts, (made, before), strict=True) if n
+    )
+    named = ", ".join(txns[:TXNS_NAMED])
+    if len(txns) > TXNS_NAMED:
+        named += ", …"
+    model_admin.message_user(
+        request,
+        gettext("Taken up with the provider (%(txns)s): %(summary)s.")
+        % {"txns": named, "summary": summary},
+        messages.SUCCESS if made else messages.INFO,
+    )
+
+
+def has_take_up_permission(request: HttpRequest) -> bool:
+    return request.user.has_perm("payments.add_chargetakenup")
+
+
+TAKE_UP = _("Taken up with the provider (check_ledger stops naming the charge)")
 
 
 class HeardOfAnotherChargeFilter(admin.SimpleListFilter):
@@ -176,7 +240,7 @@ class PaymentAdmin(BackofficeMixin, ReadOnlyAdmin):
         "other_charge_status",
     )
     fields = readonly_fields
-    actions = ("refund", "capture", "void", "redrive")
+    actions = ("refund", "capture", "void", "redrive", "take_up")
     # How long one press of "re-drive" starts re-drives for (see `redrive`): with
     # one provider call at PAYMENT_PROVIDER_TIMEOUT_SECONDS after it, well inside
     # the web server's 30 s.
@@ -265,6 +329,16 @@ class PaymentAdmin(BackofficeMixin, ReadOnlyAdmin):
         self.message_user(
             request, gettext("Re-drive: %(summary)s.") % {"summary": summary}, level
         )
+
+    def has_take_up_permission(self, request: HttpRequest) -> bool:
+        return has_take_up_permission(request)
+
+    @admin.action(description=TAKE_UP, permissions=["take_up"])
+    def take_up(self, request: HttpRequest, queryset: QuerySet) -> None:
+        """For the charge a re-drive or the reconciliation heard was collected
+        (filter "answer about another charge"), once an operator has taken it up
+        with the provider."""
+        take_up(self, request, other_charges_collected_on_payments(queryset))
 
     amount_money = money_column("amount", _("amount"))
 
@@ -443,7 +517,10 @@ class ProviderEventAdmin(ReadOnlyAdmin):
     the ones that failed PROVIDER_EVENT_MAX_ATTEMPTS times; once the cause is fixed,
     the "re-drive" action processes them again, once. Filter "about another charge"
     for the ones about another charge than their payment's,
-    processed changing nothing (never re-driven: the payment waits for its own)."""
+    processed changing nothing (never re-driven: the payment waits for its own);
+    once the charge such an event reported collected is taken up with the
+    provider, "Taken up with the provider" records it and `check_ledger` stops
+    naming it."""
 
     list_display = (
         "event_id",
@@ -458,10 +535,20 @@ class ProviderEventAdmin(ReadOnlyAdmin):
     )
     list_filter = ("status", ReportedStatusFilter, AboutAnotherChargeFilter)
     search_fields = ("event_id", "payment__order__merchant_order_no")
-    actions = ("redrive",)
+    actions = ("redrive", "take_up")
 
     def has_redrive_permission(self, request: HttpRequest) -> bool:
         return request.user.has_perm("payments.change_providerevent")
+
+    def has_take_up_permission(self, request: HttpRequest) -> bool:
+        return has_take_up_permission(request)
+
+    @admin.action(description=TAKE_UP, permissions=["take_up"])
+    def take_up(self, request: HttpRequest, queryset: QuerySet) -> None:
+        """For the charge a callback about another charge reported collected
+        (filter "about another charge"), once an operator has taken it up with the
+        provider."""
+        take_up(self, request, other_charges_collected_in_events(queryset))
 
     @admin.action(
         description=_("Re-drive parked events (process them again, once)"),
@@ -502,6 +589,18 @@ class ProviderEventAdmin(ReadOnlyAdmin):
         self.message_user(
             request, gettext("Re-drive: %(summary)s.") % {"summary": summary}, level
         )
+
+
+@admin.register(ChargeTakenUp)
+class ChargeTakenUpAdmin(ReadOnlyAdmin):
+    """The charges staff recorded taken up with the provider (the action "Taken up
+    with the provider" on provider events and payments): who and when. A record, so
+    read-only."""
+
+    list_display = ("provider_txn_id", "taken_up_by", "taken_up_at")
+    list_select_related = ("taken_up_by",)
+    search_fields = ("provider_txn_id",)
+    fields = readonly_fields = list_display
 
 
 @admin.register(Shipment)

@@ -280,8 +280,9 @@ def collected_charges_booked_by_no_payment() -> list[str]:
     answer a re-drive or the reconciliation kept on its payment, `_not_its_charge`)
     that no payment has booked: the provider may hold money the ledger never
     recorded. For an operator to take up with the provider; named until a payment
-    books the charge."""
-    from .models import Payment, ProviderEvent
+    books the charge or staff record it taken up (the admin's "Taken up with the
+    provider", on provider events and on payments: `charge_take_up`)."""
+    from .models import ChargeTakenUp, Payment, ProviderEvent
     from .selectors import payments_heard_of_another_charge
 
     # Both through their partial indexes: the few answers about another charge.
@@ -310,10 +311,15 @@ def collected_charges_booked_by_no_payment() -> list[str]:
             provider_txn_id__in=list(heard), journal_entry__isnull=False
         ).values_list("provider_txn_id", flat=True)
     )
+    taken_up = set(
+        ChargeTakenUp.objects.filter(provider_txn_id__in=list(heard)).values_list(
+            "provider_txn_id", flat=True
+        )
+    )
     return [
         f"provider charge {txn!r} (order {order_no}) reported collected "
         f"({', '.join(sources)}) but booked by no payment: the provider may hold "
         "money the ledger never recorded"
         for txn, (order_no, sources) in heard.items()
-        if txn not in booked
+        if txn not in booked and txn not in taken_up
     ]

@@ -11,6 +11,7 @@ money on the wallet, and it then ends `succeeded` (captured), `voided` or `expir
 always together with its hold (one transaction, the hold's status guarded).
 """
 
+from django.conf import settings
 from django.db import models
 from django.db.models import Q
 from django.db.models.functions import Now
@@ -422,6 +423,32 @@ class ProviderEvent(models.Model):
 
     def __str__(self) -> str:
         return f"event {self.event_id} ({self.kind}, {self.status})"
+
+
+class ChargeTakenUp(models.Model):
+    """A provider charge reported collected in an answer about another charge than
+    its payment's, that staff have taken up with the provider (refunded it there,
+    settled it by hand): `check_ledger` no longer names it. Once per charge (the
+    unique transaction id); who and when, for the record."""
+
+    provider_txn_id = models.CharField(
+        _("provider transaction id"), max_length=64, unique=True
+    )
+    taken_up_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        verbose_name=_("taken up by"),
+        on_delete=models.PROTECT,
+        related_name="+",
+    )
+    # By the database's clock, as `Payment.created_at`.
+    taken_up_at = models.DateTimeField(_("taken up"), db_default=Now())
+
+    class Meta:
+        verbose_name = _("charge taken up with the provider")
+        verbose_name_plural = _("charges taken up with the provider")
+
+    def __str__(self) -> str:
+        return self.provider_txn_id
 
 
 class CallbackNonce(models.Model):

@@ -6,7 +6,7 @@ from django.urls import reverse
 
 from orders.models import Order
 
-from .models import Payment
+from .models import Payment, ProviderEvent
 
 
 def paid_orders_without_shipment() -> QuerySet[Order]:
@@ -34,6 +34,28 @@ def payments_heard_of_another_charge() -> QuerySet[Payment]:
     answer about a charge that is not theirs (`other_charge_txn_id`), oldest
     first; found through the partial index `payment_other_charge_heard`."""
     return Payment.objects.exclude(other_charge_txn_id="").order_by("pk")
+
+
+def other_charges_collected_in_events(events: QuerySet[ProviderEvent]) -> list[str]:
+    """The provider charges that callbacks among `events` reported collected in an
+    answer about another charge than their payment's: what `check_ledger` names
+    until a payment books them or staff take them up with the provider."""
+    payloads = events.filter(
+        outcome=ProviderEvent.NOT_ITS_CHARGE, kind="SUCCESS"
+    ).values_list("payload", flat=True)
+    return sorted({payload.get("provider_txn_id") or "" for payload in payloads} - {""})
+
+
+def other_charges_collected_on_payments(payments: QuerySet[Payment]) -> list[str]:
+    """The provider charges that the re-drive or reconciliation of `payments` heard
+    were collected, in an answer about another charge than theirs (as
+    `other_charges_collected_in_events`)."""
+    txns = (
+        payments.filter(other_charge_status="SUCCESS")
+        .exclude(other_charge_txn_id="")
+        .values_list("other_charge_txn_id", flat=True)
+    )
+    return sorted(set(txns))
 
 
 def payment_list(*, order: Order) -> QuerySet[Payment]:
