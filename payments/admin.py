@@ -135,7 +135,7 @@ def take_up(
     made = before = 0
     for txn in txns:
         with transaction.atomic(durable=True):  # the admin is the entry point
-            _, recorded = charge_take_up(
+            recorded = charge_take_up(
                 provider_txn_id=txn, user_id=authenticated(request).pk
             )
         if recorded:

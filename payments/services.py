@@ -984,7 +984,7 @@ def _other_charge_heard(payment: Payment, charge: ProviderCharge) -> None:
         payment.other_charge_status = charge.status
 
 
-def charge_take_up(*, provider_txn_id: str, user_id: int) -> tuple[ChargeTakenUp, bool]:
+def charge_take_up(*, provider_txn_id: str, user_id: int) -> bool:
     """Record that staff took the provider charge `provider_txn_id`, reported
     collected in an answer about another charge, up with the provider (refunded it
     there, settled it by hand): `check_ledger` stops naming it. Once: True if this
@@ -992,9 +992,7 @@ def charge_take_up(*, provider_txn_id: str, user_id: int) -> tuple[ChargeTakenUp
     second staff member at the same instant (one INSERT ... ON CONFLICT DO NOTHING
     on the unique transaction id). Runs in the caller's transaction."""
     taken = ChargeTakenUp(provider_txn_id=provider_txn_id, taken_up_by_id=user_id)
-    if insert_unless_exists(taken, ["provider_txn_id"]):
-        return taken, True
-    return ChargeTakenUp.objects.get(provider_txn_id=provider_txn_id), False
+    return insert_unless_exists(taken, ["provider_txn_id"])
 
 
 def _close_pending(
