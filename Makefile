@@ -42,7 +42,7 @@ lint: install-dev
 	$(BIN)/lint-imports
 
 test: install-dev lint
-	$(BIN)/pytest
+	$(BIN)/pytest -n 2 --dist loadfile
 	LEDGER_TEST_DB=sqlite $(BIN)/pytest tests/ledger tests/idempotency/test_engine.py \
 		tests/idempotency/test_concurrency.py tests/idempotency/test_housekeeping.py \
 		tests/idempotency/test_keylocks.py \

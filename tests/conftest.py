@@ -14,8 +14,18 @@ from tests.servers import OwnRedis
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    reaper.start()
+    if not _xdist_controller(config):
+        reaper.start()
     _empty_tables_by_delete()
+
+
+def _xdist_controller(config: pytest.Config) -> bool:
+    """Is this the pytest-xdist process that hands the tests to its workers (`make
+    test`: `-n 2`)? It runs none and starts nothing but the workers, which are
+    processes of its own until the end: each worker watches what its tests start."""
+    return bool(config.getoption("numprocesses", None)) and not hasattr(
+        config, "workerinput"
+    )
 
 
 def _empty_tables_by_delete() -> None:
