@@ -97,10 +97,13 @@ def test_an_unusable_data_folder(tmp_path: Path) -> None:
     ("url", "words"),
     [
         ("kafkaesque://127.0.0.1//", "unknown scheme 'kafkaesque'"),
-        (f"redis://127.0.0.1:{free_port()}/0", "does not answer"),
+        ("redis://127.0.0.1:{free port}/0", "does not answer"),
     ],
 )
 def test_a_broker_that_cannot_work(tmp_path: Path, url: str, words: str) -> None:
+    # (the port is chosen when the test runs: every pytest-xdist worker must
+    # collect the same tests)
+    url = url.replace("{free port}", str(free_port()))
     code, output = make_run(tmp_path, free_port(), CELERY_BROKER_URL=url)
     assert code != 0
     refused(output, words)
