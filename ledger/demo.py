@@ -9,6 +9,7 @@ from typing import Any
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
+from django.db import connection, transaction
 
 from ledger.services import customer_get_or_create, merchant_account, wallet_top_up
 
@@ -20,6 +21,10 @@ DEMO_BALANCE = 100_000
 # banner shows its login and token too, to see a transfer arrive.
 DEMO_FRIEND = "friend"
 DEMO_FRIEND_PASSWORD = "friend-password"  # noqa: S105
+
+# Two int4 keys, a lock space of its own (see `ledger.services._SEALER_LOCK`): one
+# seeding at a time.
+_SEED_LOCK = (0x1ED6E2, 2)
 
 # name -> function seeding an app's demo data and returning what to show of it
 _seeders: dict[str, Callable[[], Any]] = {}
@@ -43,7 +48,21 @@ def demo_seed() -> dict[str, Any]:
     Returns how to log in as each; the admin's password is random, made once and kept
     in the data folder (`password_file`) so every later run can show it again (None
     when the admin's password is no longer that one).
+
+    One transaction, and one seeding at a time: two `make run`s started together
+    on one database (and data folder) would otherwise both make an admin password,
+    and the one kept in the folder need not be the one the admin has. The second
+    waits for the first (PostgreSQL's advisory lock; SQLite's write lock, which a
+    transaction takes as it begins), then finds everything made.
     """
+    with transaction.atomic(durable=True):  # make run's and seed_demo's own
+        if connection.vendor == "postgresql":
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT pg_advisory_xact_lock(%s, %s)", _SEED_LOCK)
+        return _seed()
+
+
+def _seed() -> dict[str, Any]:
     currency = settings.LEDGER_DEFAULT_CURRENCY
     merchant_account(currency=currency)
     _user, token, wallet = customer_get_or_create(
