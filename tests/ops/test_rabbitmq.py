@@ -165,3 +165,97 @@ def test_a_poison_message_is_dead_lettered_and_can_be_sent_back(
         30,
         "an empty dead-letter queue",
     )
+
+
+DEAD = 300  # enough for two commands started together to overlap
+
+
+def dead_letter(connection, count: int) -> None:
+    """`count` task messages in `celery.dead`, as the broker leaves them there (the
+    task queue declared as a worker declares it)."""
+    from ledger.broker import DEAD_LETTERS, dead_letter_queue, rabbitmq_queues
+
+    channel = connection.default_channel
+    for queue in rabbitmq_queues(delivery_limit=2):
+        queue(channel).declare()
+    dead_letter_queue()(channel).declare()
+    producer = connection.Producer(channel)
+    for n in range(count):
+        producer.publish(
+            b"[[], {}, {}]",
+            exchange=DEAD_LETTERS,
+            routing_key="celery",
+            headers={
+                "task": "tests.ops.rabbit_tasks.note_arrival",
+                "id": f"task-{n}",
+                "argsrepr": f"('{n}',)",
+                "x-delivery-count": 2,
+            },
+            content_type="application/json",
+            content_encoding="utf-8",
+            delivery_mode=2,
+        )
+
+
+def drained(connection, name: str) -> list[str]:
+    """Take every message off queue `name`: their task ids."""
+    from kombu import Queue
+
+    queue = Queue(name, no_declare=True)(connection.default_channel)
+    ids = []
+    while (message := queue.get(no_ack=True)) is not None:
+        ids.append(message.headers["id"])
+    return ids
+
+
+def test_requeue_run_twice_at_once_sends_each_dead_letter_back_once(env, tmp_path):
+    from kombu import Connection
+
+    with Connection(env["CELERY_BROKER_URL"]) as connection:
+        dead_letter(connection, DEAD)
+        command = [PYTHON, "manage.py", "dead_letters", "--requeue"]
+        runs = [
+            subprocess.Popen(
+                command, cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True
+            )
+            for _ in range(2)
+        ]
+        outputs = [run.communicate(timeout=60)[0] for run in runs]
+        assert [run.returncode for run in runs] == [0, 0], outputs
+        reports = [json.loads(out) for out in outputs]
+        said = [m["id"] for report in reports for m in report["messages"]]
+        # Each message went back once, by one command or the other.
+        assert sorted(said) == sorted(f"task-{n}" for n in range(DEAD))
+        assert sum(report["count"] for report in reports) == DEAD, [
+            r["count"] for r in reports
+        ]
+        back = drained(connection, "celery")
+        assert sorted(back) == sorted(said)
+        assert drained(connection, "celery.dead") == []
+
+
+@pytest.mark.parametrize(
+    "args, error",
+    [
+        (["--requeue=yes"], "ignored explicit argument 'yes'"),
+        (["--all"], "unrecognized arguments: --all"),
+        (["17"], "unrecognized arguments: 17"),
+    ],
+)
+def test_dead_letters_refuses_bad_options_and_moves_nothing(env, args, error):
+    from kombu import Connection
+
+    with Connection(env["CELERY_BROKER_URL"]) as connection:
+        dead_letter(connection, 2)
+        ran = subprocess.run(
+            [PYTHON, "manage.py", "dead_letters", *args],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+        )
+        assert ran.returncode == 2, ran
+        assert error in ran.stderr
+        assert "Traceback" not in ran.stderr
+        assert drained(connection, "celery") == []
+        assert sorted(drained(connection, "celery.dead")) == ["task-0", "task-1"]
