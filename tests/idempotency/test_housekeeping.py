@@ -10,6 +10,7 @@ from django.utils import timezone
 
 from idempotency.models import IdempotencyRecord
 from idempotency.services import record_purge_expired, record_release_stuck
+from tests.conftest import run_in_threads
 
 pytestmark = pytest.mark.django_db
 
@@ -244,3 +245,62 @@ def test_a_purge_racing_retries_of_an_expired_key_never_deletes_the_new_record(
     assert later.status_code == 201
     assert later.headers["Idempotent-Replayed"] == "true"
     assert Transfer.objects.count() == 2
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.urls("tests.idempotency.urls")
+def test_two_purges_at_once_while_clients_reuse_and_replay_keys(
+    on_postgres, alice, no_redis
+):
+    """Beat's purge sent twice (two beats, a slow run overlapping the next) while
+    clients retry keys whose records expired (each runs afresh: the engine forgets
+    the expired record and writes a new one) and replay live keys. Each expired
+    record goes once, by a purge or by its retry; nothing live goes; no errors."""
+    from idempotency.tasks import purge_expired_keys
+
+    make(1000, expired=True, tag="before")
+    atomic, phased = "/test/deposits", "/test/phased-deposits"
+    reused = [(f"reused-{i}", atomic if i % 2 else phased) for i in range(20)]
+    live = [(f"live-{i}", atomic if i % 2 else phased) for i in range(20)]
+    for key, path in reused + live:
+        assert alice.post(path, {"amount": 5}, key).status_code == 201
+    make(1000, expired=True, tag="after")
+    make(5, expired=True, tag="stuck", status="processing", recovery_point="deposited")
+    IdempotencyRecord.objects.filter(key__startswith="reused-").update(
+        expires_at=timezone.now() - timedelta(seconds=1)
+    )
+    kept = dict(
+        IdempotencyRecord.objects.filter(key__startswith="live-").values_list(
+            "key", "pk"
+        )
+    )
+
+    def work(i: int):
+        if i < 2:
+            return purge_expired_keys()
+        client = alice.client()
+        keys = reused if i == 2 else live
+        return [alice.post(path, {"amount": 5}, key, client) for key, path in keys]
+
+    purged_a, purged_b, retried, replayed = run_in_threads(4, work)
+
+    assert isinstance(purged_a, int) and isinstance(purged_b, int), (purged_a, purged_b)
+    assert [r.status_code for r in retried] == [201] * 20
+    assert not any(r.has_header("Idempotent-Replayed") for r in retried)
+    assert [r.status_code for r in replayed] == [201] * 20
+    assert all(r["Idempotent-Replayed"] == "true" for r in replayed)
+    # The 2,000 expired records each purged once; the reused keys' old records
+    # went by the purge or by their retry, never counted twice.
+    assert 2000 <= purged_a + purged_b <= 2020
+    records = IdempotencyRecord.objects
+    assert not records.filter(key__contains="-before-").exists()
+    assert not records.filter(key__contains="-after-").exists()
+    assert records.filter(key__contains="-stuck-").count() == 5
+    assert (
+        dict(records.filter(key__startswith="live-").values_list("key", "pk")) == kept
+    )
+    fresh = records.filter(key__startswith="reused-")
+    assert fresh.count() == 20
+    assert not fresh.filter(expires_at__lte=timezone.now()).exists()
+    assert alice.deposits() == 20 * 2 + 20
+

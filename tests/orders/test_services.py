@@ -337,3 +337,49 @@ def test_a_fast_host_neither_expires_nor_purges_early(settings, host_clock):
     with pytest.raises(MerchantOrderNoUnknown, match="expired"), transaction.atomic():
         create(late.owner, late.merchant_order_no)
     assert preorder_purge_expired(grace_seconds=600) == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_two_purges_at_once_while_shoppers_use_and_take_numbers(on_postgres):
+    """Beat's pre-order purge sent twice at once while shoppers order with live
+    numbers, take new ones and try numbers long expired: the unused long-expired
+    numbers go once, nothing used or live goes, every shopper hears a clear answer
+    (an order, or "expired"/"unknown"), no errors."""
+    owner = UserFactory()
+    long_ago = timezone.now() - timedelta(days=2)
+    PreOrder.objects.bulk_create(
+        PreOrder(owner=owner, merchant_order_no=f"old-{i}", expires_at=long_ago)
+        for i in range(1500)
+    )
+    used = PreOrderFactory.create_batch(5, owner=owner)
+    for preorder in used:
+        create(owner, preorder.merchant_order_no)
+    PreOrder.objects.filter(pk__in=[p.pk for p in used]).update(expires_at=long_ago)
+    live = PreOrderFactory.create_batch(20, owner=owner)
+
+    def order(no: str):
+        try:
+            with transaction.atomic(durable=True):  # as the API's request
+                return create(owner, no)
+        except MerchantOrderNoUnknown as refused:
+            return refused
+
+    def work(i: int):
+        if i < 2:
+            return purge_expired_preorders()
+        if i == 2:
+            return [order(p.merchant_order_no) for p in live]
+        if i == 3:
+            return [order(f"old-{n}") for n in range(0, 1500, 75)]
+        return [preorder_create(owner=owner) for _ in range(20)]
+
+    purged_a, purged_b, ordered, refused, taken = run_in_threads(5, work)
+
+    assert purged_a + purged_b == 1500, (purged_a, purged_b)
+    assert all(isinstance(o, Order) for o in ordered), ordered
+    assert all(isinstance(r, MerchantOrderNoUnknown) for r in refused), refused
+    assert all(isinstance(p, PreOrder) for p in taken), taken
+    assert not PreOrder.objects.filter(merchant_order_no__startswith="old-").exists()
+    kept = {p.pk for p in used + live + taken}
+    assert set(PreOrder.objects.values_list("pk", flat=True)) == kept
+    assert Order.objects.count() == 5 + 20

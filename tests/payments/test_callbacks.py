@@ -429,3 +429,53 @@ def test_any_printable_nonce_and_upper_case_hex_are_accepted(payment, settings):
     assert_problem(
         post_callback(body, header=header), 401, "callback_signature_invalid"
     )
+
+
+@pytest.mark.django_db(transaction=True)
+def test_two_nonce_purges_at_once_while_callbacks_arrive_and_replay(
+    on_postgres, settings
+):
+    """Beat's nonce purge sent twice at once while fresh callbacks claim nonces and
+    replays of live ones are refused: the expired nonces go once, no live one goes
+    (its replay is still refused), no errors."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from payments.exceptions import CallbackSignatureInvalid
+    from payments.signatures import signature_verify
+    from payments.tasks import purge_expired_nonces
+
+    secret = settings.PAYMENT_PROVIDER_SECRET
+    CallbackNonce.objects.bulk_create(
+        CallbackNonce(nonce=f"old-{i}", expires_at=timezone.now() - timedelta(hours=1))
+        for i in range(1500)
+    )
+    body = b'{"event": "test"}'
+    seen = [sign(secret=secret, body=body, nonce=f"seen-{i}") for i in range(20)]
+    for header in seen:
+        signature_verify(header=header, body=body, secret=secret)
+
+    def verify(header: str):
+        try:
+            signature_verify(header=header, body=body, secret=secret)
+        except CallbackSignatureInvalid as refused:
+            return str(refused)
+        return "accepted"
+
+    def work(i: int):
+        if i < 2:
+            return purge_expired_nonces()
+        if i == 2:
+            return [verify(header) for header in seen]
+        return [
+            verify(sign(secret=secret, body=body, nonce=f"new-{n}")) for n in range(20)
+        ]
+
+    purged_a, purged_b, replays, fresh = run_in_threads(4, work)
+
+    assert purged_a + purged_b == 1500, (purged_a, purged_b)
+    assert replays == ["This signature's nonce was already used."] * 20
+    assert fresh == ["accepted"] * 20
+    left = set(CallbackNonce.objects.values_list("nonce", flat=True))
+    assert left == {f"seen-{i}" for i in range(20)} | {f"new-{i}" for i in range(20)}
