@@ -304,3 +304,15 @@ def test_two_purges_at_once_while_clients_reuse_and_replay_keys(
     assert not fresh.filter(expires_at__lte=timezone.now()).exists()
     assert alice.deposits() == 20 * 2 + 20
 
+
+@pytest.mark.parametrize(
+    "bad", ["abc", "60", float("nan"), float("inf"), -1, True, None]
+)
+def test_the_purge_task_refuses_a_bad_max_seconds_and_deletes_nothing(bad):
+    from idempotency.tasks import purge_expired_keys
+
+    make(3, expired=True)
+    with pytest.raises(ValueError, match="max_seconds is 0 to"):
+        purge_expired_keys(bad)
+    assert IdempotencyRecord.objects.count() == 3
+    assert purge_expired_keys(0.5) == 3
