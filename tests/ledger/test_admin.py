@@ -623,3 +623,27 @@ def test_close_and_credit_pressed_at_once_never_close_an_account_with_money(
 
 def wallet_count() -> int:
     return Account.objects.filter(kind=Account.Kind.WALLET).count()
+
+
+@pytest.mark.parametrize("ids", ["99999999", "abc", "-1", "1" * 40, "\u0661", ""])
+def test_freeze_pressed_for_ids_that_name_no_account_changes_nothing(admin_client, ids):
+    _, _, wallet = customer("alice")
+    url = f"{ACCOUNTS}backoffice/freeze/?ids={ids}"
+    answer = admin_client.post(url, {f"status_{wallet.pk}": 0, "status_99999999": 0})
+    assert answer.status_code == 303  # back to the list, nothing to do
+    wallet.refresh_from_db()
+    assert (wallet.status, wallet.status_version) == (Account.Status.ACTIVE, 0)
+
+
+def test_freeze_confirmed_with_another_accounts_status_shows_the_page_again(
+    admin_client,
+):
+    _, _, wallet = customer("alice")
+    _, _, other = customer("bob")
+    answer = apply_action(
+        admin_client, ACCOUNTS, "freeze", [wallet.pk], **{f"status_{other.pk}": 0}
+    )
+    assert answer.status_code == 400
+    for account in (wallet, other):
+        account.refresh_from_db()
+        assert account.status == Account.Status.ACTIVE

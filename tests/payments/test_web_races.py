@@ -109,3 +109,63 @@ def test_cancel_and_pay_pressed_at_once_end_one_way(on_postgres):
                 order=order, status=Payment.Status.SUCCEEDED
             ).exists()
     assert_ledger_ok()
+
+
+def test_staff_freeze_and_shopper_pay_at_once_never_pay_from_a_frozen_wallet(
+    on_postgres, admin_user
+):
+    """Staff freeze the wallet in the admin while its owner presses Pay in the shop:
+    either the payment went through before the freeze (its posting comes before the
+    freeze in the wallet's versions) or the shop says the wallet is frozen and
+    nothing moved. The freeze itself always takes; never a 500."""
+    from ledger.models import Account, Posting
+    from ledger.services import account_unfreeze
+    from payments.services import payment_reference
+    from tests.backoffice import apply_action, messages_of, staff
+
+    user, _, wallet = customer("alice", balance=100_000)
+    accounts = "/admin/ledger/account/"
+    for _ in range(6):
+        before = balance(wallet)
+        order = place_order(user, amount=2500)
+        seen = Account.objects.get(pk=wallet.pk).status_version
+        pay_url = f"/orders/{order.merchant_order_no}/pay"
+
+        def work(i: int, seen=seen, pay_url=pay_url):
+            if i == 0:
+                answer = apply_action(
+                    staff(admin_user),
+                    accounts,
+                    "freeze",
+                    [wallet.pk],
+                    **{f"status_{wallet.pk}": seen},
+                )
+                return answer.status_code, messages_of(answer)
+            return press(user, pay_url)
+
+        (froze, told_staff), (paid, told_shopper) = run_in_threads(2, work)
+
+        assert (froze, paid) == (200, 303), (told_staff, told_shopper)
+        assert told_staff == [f"{wallet} is now Frozen."], told_staff
+        frozen = Account.objects.get(pk=wallet.pk)
+        assert frozen.status == Account.Status.FROZEN
+        order.refresh_from_db()
+        if order.status == Order.Status.PAID:
+            assert told_shopper == ["Paid. Thank you!"]
+            assert balance(wallet) == before - 2500
+            posting = Posting.objects.get(
+                account=wallet, entry__reference=payment_reference(order)
+            )
+            # The freeze came after the payment: it took the wallet's last version.
+            assert posting.version == frozen.version - 1
+        else:
+            assert order.status == Order.Status.PENDING_PAYMENT
+            assert told_shopper == [
+                "Your wallet is frozen or closed, so it cannot pay; contact support."
+            ]
+            assert balance(wallet) == before
+            assert not Payment.objects.filter(
+                order=order, status=Payment.Status.SUCCEEDED
+            ).exists()
+        account_unfreeze(account_id=wallet.pk)
+    assert_ledger_ok()
