@@ -68,11 +68,27 @@ class AccountMeApi(APIView):
         return Response(self.OutputSerializer(wallet).data)
 
 
+class PageQuery(serializers.Serializer):
+    """The query parameters every paged list reads; a list with filters extends it
+    (`CheckedCursor.query`)."""
+
+    class Meta:
+        ref_name = "PageQuery"
+
+    cursor = serializers.CharField(required=False, trim_whitespace=False)
+    page_size = serializers.IntegerField(required=False, min_value=1)
+
+
 class CheckedCursor(CursorPagination):
     """A cursor pagination that refuses a cursor it did not make (one that does not
     decode, or a forged position: a cursor is only base64, anyone can write one)
     before it reaches the query, as bad input: `400 validation_error` naming
-    `cursor`, like any other query parameter, where DRF answers 404."""
+    `cursor`, like any other query parameter, where DRF answers 404.
+
+    Every parameter of a list is read as a body's field is (`query`): a blank one
+    (`?status=`, `?page_size=`) or one given twice is a 400 naming it, where DRF
+    reads a blank value as none given (the whole list, unfiltered) and a page size
+    that is not a positive integer as the default."""
 
     invalid_cursor_message = _(  # type: ignore[assignment]  # (lazy: per request)
         "Invalid cursor: use a page's next or previous link as it is."
@@ -93,6 +109,27 @@ class CheckedCursor(CursorPagination):
         raise serializers.ValidationError(
             {self.cursor_query_param: [self.invalid_cursor_message]}
         )
+
+    @classmethod
+    def query(
+        cls, request: Request, form: type[serializers.Serializer] = PageQuery
+    ) -> dict[str, Any]:
+        """The query parameters `form` names, validated; any other is ignored."""
+        given = request.query_params
+        names = [name for name in form().get_fields() if name in given]
+        twice = {
+            # (read as one of them, the page would silently drop the others)
+            name: [_("Give one %(name)s.") % {"name": name}]
+            for name in names
+            if len(given.getlist(name)) > 1
+        }
+        if twice:
+            raise serializers.ValidationError(twice)
+        # A plain dict, not the QueryDict: DRF reads a blank value in a QueryDict
+        # as the field left out.
+        values = form(data={name: given[name] for name in names})
+        values.is_valid(raise_exception=True)
+        return values.validated_data
 
     @classmethod
     def documented(cls, name: str, item: Any, *parameters: Any, **schema: Any) -> Any:
@@ -123,6 +160,7 @@ class CheckedCursor(CursorPagination):
         cls, rows: Any, request: Request, view: APIView, serializer: Any
     ) -> Response:
         """One page of `rows`, each as `serializer` renders it."""
+        cls.query(request)
         paginator = cls()
         page: Any = paginator.paginate_queryset(rows, request, view=view)
         return paginator.get_paginated_response(serializer(page, many=True).data)

@@ -9,7 +9,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from idempotency.decorators import idempotent
-from ledger.apis import CheckedCursor, NewestFirst
+from ledger.apis import CheckedCursor, NewestFirst, PageQuery
 from ledger.auth import authenticated
 
 from .fields import (
@@ -253,7 +253,7 @@ class OrderListApi(APIView):
     """The caller's orders, newest first, paginated like every list;
     `?status=paid` keeps the orders in that state (one state: a second is a 400)."""
 
-    class FilterSerializer(serializers.Serializer):
+    class FilterSerializer(PageQuery):
         class Meta:
             ref_name = "OrderListFilter"
 
@@ -273,12 +273,7 @@ class OrderListApi(APIView):
         operation_id="v1_orders_list",
     )
     def get(self, request: Request) -> Response:
-        if len(request.query_params.getlist("status")) > 1:
-            # (read as one of them, the page would silently drop the others)
-            raise serializers.ValidationError({"status": ["Give one status."]})
-        filters = self.FilterSerializer(data=request.query_params)
-        filters.is_valid(raise_exception=True)
-        name = filters.validated_data.get("status")
+        name = NewestFirst.query(request, self.FilterSerializer).get("status")
         orders = order_list(
             owner=authenticated(request),
             status=Order.Status[name.upper()] if name else None,

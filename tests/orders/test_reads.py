@@ -133,3 +133,40 @@ def test_an_order_shows_its_payments_and_a_payment_is_read_by_id(alice):
     )
     assert_problem(client.get(f"/api/v1/payments/{payment.pk + 999}"), 404,
                    "not_found")  # fmt: skip
+
+
+LISTS = ["/api/v1/orders", "/api/v1/products", "/api/v1/accounts/me/entries"]
+
+
+@pytest.mark.parametrize("path", LISTS)
+@pytest.mark.parametrize(
+    "query",
+    ["cursor=", "page_size=", "page_size=ten", "page_size=0", "page_size=-1"],
+)
+def test_a_blank_or_bad_page_parameter_is_a_400_naming_it(alice, path, query):
+    """Not read as left out: `?page_size=` or `?page_size=ten` answered the default
+    page, `?cursor=` the first one, as if nothing had been asked."""
+    _, client = alice
+    name = query.partition("=")[0]
+    body = assert_problem(client.get(f"{path}?{query}"), 400, "validation_error")
+    assert list(body["errors"]) == [name]
+
+
+@pytest.mark.parametrize("path", LISTS)
+def test_a_page_parameter_given_twice_is_a_400_naming_it(alice, path):
+    _, client = alice
+    body = assert_problem(
+        client.get(f"{path}?page_size=1&page_size=2"), 400, "validation_error"
+    )
+    assert body["errors"] == {"page_size": ["Give one page_size."]}
+
+
+def test_a_blank_status_is_a_400_not_the_whole_list(alice):
+    """`?status=` listed every order, as if no filter had been asked for."""
+    user, client = alice
+    place_order(user)
+    body = assert_problem(client.get("/api/v1/orders?status="), 400, "validation_error")
+    assert list(body["errors"]) == ["status"]
+    assert_problem(
+        client.get("/api/v1/orders?status=&status="), 400, "validation_error"
+    )
