@@ -28,11 +28,14 @@ def env_bool(name: str, default: bool = False) -> bool:
     return value.strip().lower() in {"1", "true", "yes", "on"}
 
 
-def env_int(name: str, default: int, minimum: int | None = None) -> int:
-    """The whole number a variable names; a typo, or a number below `minimum`,
-    stops the process with one line naming the variable and what it takes
-    (`manage.py` prints ImproperlyConfigured so), not with a traceback from int()
-    or the system checks' report (which still guard values set in code)."""
+def env_int(
+    name: str, default: int, minimum: int | None = None, maximum: int | None = None
+) -> int:
+    """The whole number a variable names; a typo, or a number below `minimum` (or
+    outside `minimum..maximum`: a maximum goes with a minimum), stops the process
+    with one line naming the variable and what it takes (`manage.py` prints
+    ImproperlyConfigured so), not with a traceback from int() or the system checks'
+    report (which still guard values set in code)."""
     value = os.environ.get(name)
     if not value:
         return default
@@ -42,7 +45,13 @@ def env_int(name: str, default: int, minimum: int | None = None) -> int:
         raise ImproperlyConfigured(
             f"{name}={value!r} is not a whole number: leave it unset for {default}"
         ) from None
-    if minimum is not None and number < minimum:
+    if minimum is not None and maximum is not None:
+        if not minimum <= number <= maximum:
+            raise ImproperlyConfigured(
+                f"{name}={value!r} is outside {minimum}..{maximum}: give a whole "
+                f"number from {minimum} to {maximum}, or leave it unset for {default}"
+            )
+    elif minimum is not None and number < minimum:
         raise ImproperlyConfigured(
             f"{name}={value!r} is below {minimum}: give a whole number of at least "
             f"{minimum}, or leave it unset for {default}"
@@ -227,7 +236,8 @@ LEDGER_DEFAULT_CURRENCY = env("LEDGER_DEFAULT_CURRENCY", "CNY")
 # Spread payments to the merchant over this many sub-accounts (0: credit the
 # merchant's own account): each payment holds one row lock to the end of its
 # transaction, so one hot merchant takes payments one at a time without them.
-MERCHANT_SUB_ACCOUNTS = env_int("MERCHANT_SUB_ACCOUNTS", 0)
+# (0..1024: ledger.checks' MERCHANT_SUB_ACCOUNTS_MAX.)
+MERCHANT_SUB_ACCOUNTS = env_int("MERCHANT_SUB_ACCOUNTS", 0, minimum=0, maximum=1024)
 
 # Idempotency engine.
 IDEMPOTENCY_TTL_SECONDS = env_int("IDEMPOTENCY_TTL_SECONDS", 86400, minimum=1)
@@ -314,7 +324,7 @@ CELERY_PUBLISH_BREAK_SECONDS = float(env("CELERY_PUBLISH_BREAK_SECONDS", "5"))
 # django-celery-beat's database scheduler, led: of all the beats running, only the one
 # holding the "beat" lease (BEAT_LEASE_SECONDS, by the database's clock) sends tasks.
 CELERY_BEAT_SCHEDULER = "ledger.beat:LeaderScheduler"
-BEAT_LEASE_SECONDS = env_int("BEAT_LEASE_SECONDS", 30)
+BEAT_LEASE_SECONDS = env_int("BEAT_LEASE_SECONDS", 30, minimum=1)
 # The longest one try of beat's send can take: connecting, then the broker's answers
 # to the connection's set-up, its ping and the send, each bounded on Redis by a 5 s
 # socket timeout (ledger/broker.py). The leader starts a try only while its lease has
@@ -364,10 +374,14 @@ LOGGING: dict[str, Any] = {
 # the database, renewed every third of it; a process that cannot renew in time stops
 # issuing numbers) and how long a pre-order's number stays usable.
 SNOWFLAKE_LEASE_SECONDS = env_int("SNOWFLAKE_LEASE_SECONDS", 30, minimum=1)
-PREORDER_TTL_SECONDS = env_int("PREORDER_TTL_SECONDS", 3600)
+PREORDER_TTL_SECONDS = env_int("PREORDER_TTL_SECONDS", 3600, minimum=1)
 # An unused pre-order is deleted this long after it expired (until then a late request
-# hears "expired" rather than "unknown").
-PREORDER_PURGE_AFTER_SECONDS = env_int("PREORDER_PURGE_AFTER_SECONDS", 86400)
+# hears "expired" rather than "unknown"); at least orders.services'
+# PREORDER_PURGE_MIN_GRACE_SECONDS (the system check orders.E001 holds the two
+# together).
+PREORDER_PURGE_AFTER_SECONDS = env_int(
+    "PREORDER_PURGE_AFTER_SECONDS", 86400, minimum=600
+)
 CELERY_BEAT_SCHEDULE["orders-purge-expired-preorders"] = {
     "task": "orders.tasks.purge_expired_preorders",
     "schedule": 3600.0,
@@ -381,17 +395,22 @@ CELERY_BEAT_SCHEDULE["orders-purge-expired-preorders"] = {
 _PORT = env("PORT", "8000")
 PAYMENT_PROVIDER_URL = env("PAYMENT_PROVIDER_URL", f"http://127.0.0.1:{_PORT}/provider")
 PAYMENT_PROVIDER_TIMEOUT_SECONDS = float(env("PAYMENT_PROVIDER_TIMEOUT_SECONDS", "10"))
-PAYMENT_PENDING_TIMEOUT_SECONDS = env_int("PAYMENT_PENDING_TIMEOUT_SECONDS", 600)
+PAYMENT_PENDING_TIMEOUT_SECONDS = env_int(
+    "PAYMENT_PENDING_TIMEOUT_SECONDS", 600, minimum=1
+)
 # A provider callback whose processing failed this many times (a business refusal,
 # e.g. a frozen merchant account; beat re-drives it every minute) is parked for an
 # operator (`manage.py redrive_provider_events`) instead of re-driven for ever.
-PROVIDER_EVENT_MAX_ATTEMPTS = env_int("PROVIDER_EVENT_MAX_ATTEMPTS", 10)
+PROVIDER_EVENT_MAX_ATTEMPTS = env_int("PROVIDER_EVENT_MAX_ATTEMPTS", 10, minimum=1)
 # Likewise a provider payment (pending, or settled and reconciled) whose re-drive was
 # refused this many times for a business reason (the provider refunded its charge
 # and the refund cannot leave a frozen merchant account) is parked for staff, who
-# re-drive it from the admin.
-PAYMENT_REDRIVE_MAX_ATTEMPTS = env_int("PAYMENT_REDRIVE_MAX_ATTEMPTS", 10)
-ORDER_UNPAID_EXPIRY_SECONDS = env_int("ORDER_UNPAID_EXPIRY_SECONDS", 86400)
+# re-drive it from the admin (1..32767: payments.checks' REDRIVE_ATTEMPTS_MAX, the
+# column's range).
+PAYMENT_REDRIVE_MAX_ATTEMPTS = env_int(
+    "PAYMENT_REDRIVE_MAX_ATTEMPTS", 10, minimum=1, maximum=32767
+)
+ORDER_UNPAID_EXPIRY_SECONDS = env_int("ORDER_UNPAID_EXPIRY_SECONDS", 86400, minimum=1)
 # The simulator's side: where it delivers callbacks, its retry schedule (seconds
 # between attempts; PROVIDER_RETRY_SCALE shrinks it for tests), how long it dedupes a
 # merchant order number, and whether it delivers every callback twice on purpose.
@@ -427,9 +446,13 @@ CELERY_BEAT_SCHEDULE["payments-redrive-pending"] = {
 # callback: beat asks the provider about provider payments settled within the last
 # PAYMENT_RECONCILE_WINDOW_SECONDS, each at most every
 # PAYMENT_RECONCILE_EVERY_SECONDS, up to PAYMENT_RECONCILE_BATCH a run.
-PAYMENT_RECONCILE_WINDOW_SECONDS = env_int("PAYMENT_RECONCILE_WINDOW_SECONDS", 2592000)
-PAYMENT_RECONCILE_EVERY_SECONDS = env_int("PAYMENT_RECONCILE_EVERY_SECONDS", 3600)
-PAYMENT_RECONCILE_BATCH = env_int("PAYMENT_RECONCILE_BATCH", 100)
+PAYMENT_RECONCILE_WINDOW_SECONDS = env_int(
+    "PAYMENT_RECONCILE_WINDOW_SECONDS", 2592000, minimum=1
+)
+PAYMENT_RECONCILE_EVERY_SECONDS = env_int(
+    "PAYMENT_RECONCILE_EVERY_SECONDS", 3600, minimum=1
+)
+PAYMENT_RECONCILE_BATCH = env_int("PAYMENT_RECONCILE_BATCH", 100, minimum=1)
 CELERY_BEAT_SCHEDULE["payments-reconcile-settled"] = {
     "task": "payments.tasks.reconcile_settled_payments",
     "schedule": 60.0,
@@ -442,7 +465,8 @@ CELERY_BEAT_SCHEDULE["orders-cancel-expired"] = {
 # the beat that releases holds past their expiry. Until it runs, an expired hold still
 # counts in `held` (a capture is already refused): every 10 s keeps that window short,
 # and each run is one indexed query (active holds by expiry) when nothing expired.
-HOLD_TTL_SECONDS = env_int("HOLD_TTL_SECONDS", 604800)
+# (60..2592000: what the API takes, payments.services' HOLD_SECONDS_MIN..MAX.)
+HOLD_TTL_SECONDS = env_int("HOLD_TTL_SECONDS", 604800, minimum=60, maximum=2592000)
 CELERY_BEAT_SCHEDULE["payments-expire-holds"] = {
     "task": "payments.tasks.expire_holds",
     "schedule": 10.0,

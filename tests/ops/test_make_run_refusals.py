@@ -137,6 +137,31 @@ def test_a_number_setting_that_is_no_number(
 ):
     """The settings are read before `serve` checks anything (`make run` runs the
     same command): a number that is none is one line naming it, no traceback."""
+    assert serve_refusal(tmp_path, name, value) == [
+        f"ImproperlyConfigured: {name}={value!r} is not a whole number: "
+        f"leave it unset for {default}"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "takes", "default"),
+    [
+        ("HOLD_TTL_SECONDS", "59", "is outside 60..2592000", 604800),
+        ("PREORDER_PURGE_AFTER_SECONDS", "60", "is below 600", 86400),
+        ("PAYMENT_RECONCILE_BATCH", "0", "is below 1", 100),
+    ],
+)
+def test_a_number_setting_out_of_its_range(
+    tmp_path: Path, name: str, value: str, takes: str, default: int
+):
+    """Not the system checks' report of several lines: one line naming it."""
+    [line] = serve_refusal(tmp_path, name, value)
+    assert line.startswith(f"ImproperlyConfigured: {name}={value!r} {takes}: ")
+    assert line.endswith(f", or leave it unset for {default}")
+
+
+def serve_refusal(tmp_path: Path, name: str, value: str) -> list[str]:
+    """The lines `manage.py serve` stops with when `name` is `value`."""
     result = subprocess.run(
         [sys.executable, "manage.py", "serve"],
         cwd=ROOT,
@@ -155,7 +180,4 @@ def test_a_number_setting_that_is_no_number(
     output = result.stdout + result.stderr
     assert result.returncode != 0
     assert "Traceback" not in output, output[-3000:]
-    assert output.strip().splitlines() == [
-        f"ImproperlyConfigured: {name}={value!r} is not a whole number: "
-        f"leave it unset for {default}"
-    ], output[-3000:]
+    return output.strip().splitlines()
