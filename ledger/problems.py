@@ -243,10 +243,12 @@ def bad_request(request: HttpRequest, exception: Exception) -> HttpResponse:
 
 def csrf_failure(request: HttpRequest, reason: str = "") -> HttpResponse:
     """CSRF_FAILURE_VIEW: a form posted from a page whose CSRF token is stale (the
-    session changed in another tab: a log-in or log-out) gets a 403 page in the
-    shop's layout that says so and links back to the page it came from (its
-    Referer when it is this site's, else home); an API path gets problem+json, the
-    answer DRF gives for a session request that fails the check."""
+    session changed in another tab: a log-in or log-out) gets a 403 page that says
+    so and links back to the page it came from (its Referer when it is this
+    site's): in the shop's layout, else to home; a back-office form in the back
+    office's (templates/admin/csrf_failure.html, as its 403 page), else to its
+    index. An API path gets problem+json, the answer DRF gives for a session
+    request that fails the check."""
     if _is_api(request):
         return problem_response(
             status.HTTP_403_FORBIDDEN,
@@ -255,6 +257,19 @@ def csrf_failure(request: HttpRequest, reason: str = "") -> HttpResponse:
             f"CSRF Failed: {reason}" if reason else "CSRF Failed.",
         )
     back = _same_site_referer(request)
+    if _is_back_office(request):
+        context = {
+            **admin.site.each_context(request),
+            "title": gettext("Page out of date"),
+            "back": back or reverse("admin:index"),
+            "came_from_page": bool(back),
+        }
+        return render(
+            request,
+            "admin/csrf_failure.html",
+            context,
+            status=status.HTTP_403_FORBIDDEN,
+        )
     return render(
         request,
         "csrf_failure.html",

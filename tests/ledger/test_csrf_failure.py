@@ -68,11 +68,36 @@ def test_without_a_referer_of_ours_the_link_goes_home(browser, referer):
     assert "evil" not in html and "javascript" not in html
 
 
-def test_the_admin_gets_the_same_page(browser):
+def test_the_admin_gets_the_page_in_its_own_layout(browser):
+    """As its 403 page: the back office's look and a way back into it, not the
+    shop's layout (which it showed) around a back-office form."""
     browser.get("/admin/login/")
-    response = browser.post("/admin/login/", {"username": "bob", "password": PASSWORD})
+    response = browser.post(
+        "/admin/login/",
+        {"username": "bob", "password": PASSWORD},
+        headers={"Referer": "http://testserver/admin/login/?next=/admin/"},
+    )
     assert response.status_code == 403
-    assert "Page out of date" in response.content.decode()
+    assert response.templates[0].name == "admin/csrf_failure.html"
+    html = response.content.decode()
+    assert 'class="topbar"' not in html and "css/app.css" not in html
+    assert "<h1>Page out of date</h1>" in html
+    assert "was out of date" in html
+    assert 'href="/admin/login/?next=/admin/">Back to the page</a>' in html
+    assert "CSRF verification failed" not in html
+
+
+def test_the_admin_without_a_referer_links_to_the_back_office(browser):
+    response = browser.post(
+        "/admin/login/",
+        {"username": "bob", "password": PASSWORD},
+        headers={"Accept-Language": "zh-hans"},
+    )
+    assert response.status_code == 403
+    assert response.templates[0].name == "admin/csrf_failure.html"
+    html = response.content.decode()
+    assert 'href="/admin/">返回后台</a>' in html
+    assert "页面已过期" in html
 
 
 def test_the_page_is_translated(browser):
