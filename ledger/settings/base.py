@@ -215,6 +215,8 @@ REST_FRAMEWORK = {
     # DRF's, made safe for hostile input: the parser bounds nesting, the renderer
     # cannot fail on a lone surrogate it echoes.
     "DEFAULT_RENDERER_CLASSES": ["ledger.renderers.JSONRenderer"],
+    # An Accept of only application/problem+json is answered in JSON, not 406.
+    "DEFAULT_CONTENT_NEGOTIATION_CLASS": "ledger.renderers.ContentNegotiation",
     "DEFAULT_PARSER_CLASSES": ["ledger.parsers.JSONParser"],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "EXCEPTION_HANDLER": "ledger.problems.exception_handler",

@@ -95,3 +95,53 @@ def test_the_api_answers_in_english_whatever_the_caller_asks_for(customer):
 def test_the_shop_keeps_the_readers_language(client):
     page = client.get("/accounts/login/", HTTP_ACCEPT_LANGUAGE="zh-hans")
     assert page["Content-Language"] == "zh-hans"
+
+
+PROBLEMS_ONLY = "application/problem+json"
+
+
+@pytest.mark.parametrize("accept", [PROBLEMS_ONLY, "application/problem+json; q=0.5"])
+def test_a_client_accepting_only_problems_gets_its_answers(customer, accept):
+    """DRF answered it 406 whatever it asked, before even reading the token: now an
+    error is the problem document it accepts, a success the API's JSON."""
+    client, wallet = customer
+    ok = client.get("/api/v1/accounts/me", HTTP_ACCEPT=accept)
+    assert ok.status_code == 200, ok.content
+    assert ok["Content-Type"] == "application/json"
+    assert ok.json()["id"] == wallet.pk
+    made = client.post("/api/v1/preorders", HTTP_ACCEPT=accept)
+    assert made.status_code == 201, made.content
+    assert_problem(
+        client.get("/api/v1/orders/nope", HTTP_ACCEPT=accept), 404, "not_found"
+    )
+    assert_problem(
+        client.post(
+            "/api/v1/orders",
+            {"merchant_order_no": made.json()["merchant_order_no"], "amount": 0},
+            format="json",
+            headers={"Idempotency-Key": "k-1", "Accept": accept},
+        ),
+        400,
+        "validation_error",
+    )
+    assert_problem(
+        APIClient().get("/api/v1/accounts/me", HTTP_ACCEPT=accept),
+        401,
+        "not_authenticated",
+    )
+
+
+@pytest.mark.parametrize(
+    "accept", ["application/xml", "text/html", "application/problem+json;q=0"]
+)
+def test_an_accept_naming_nothing_the_api_answers_in_is_a_406_saying_so(
+    customer, accept
+):
+    client, _ = customer
+    body = assert_problem(
+        client.get("/api/v1/accounts/me", HTTP_ACCEPT=accept), 406, "not_acceptable"
+    )
+    assert body["detail"] == (
+        "Accept names none of the media types this answers in: application/json "
+        "(and application/problem+json for an error)."
+    )
