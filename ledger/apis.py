@@ -214,7 +214,7 @@ class TransferItemSerializer(StrictNestedSerializer):
     # Left out: the ledger's default currency, as everywhere money is given.
     currency = CurrencyField(default=lambda: settings.LEDGER_DEFAULT_CURRENCY)
     description = StrictCharField(
-        required=False, allow_blank=True, max_length=255, default=""
+        free_text=True, required=False, allow_blank=True, max_length=255, default=""
     )
 
 

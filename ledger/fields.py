@@ -34,16 +34,28 @@ class StrictIntegerField(serializers.IntegerField):
 
 
 class StrictCharField(serializers.CharField):
+    """A JSON string. An identifier or a code (a currency, a merchant order number,
+    a SKU, a username) is taken as sent: one with whitespace around it is refused,
+    where DRF's CharField trims it and would take `" CNY"` for `CNY`, another
+    request than the one sent. Free text (`free_text=True`: a description, a
+    reason) is trimmed as DRF does."""
+
     default_error_messages = {
         "invalid": "A JSON string is required.",
         "nul": "Text may not contain NUL characters (\\u0000).",
+        "spaces": "Remove the whitespace around the value: it is taken as sent.",
     }
+
+    def __init__(self, *, free_text: bool = False, **kwargs: Any) -> None:
+        super().__init__(trim_whitespace=free_text, **kwargs)
 
     def to_internal_value(self, data: Any) -> str:
         if not isinstance(data, str):
             self.fail("invalid")
         if "\x00" in data:
             self.fail("nul")
+        if not self.trim_whitespace and data != data.strip():
+            self.fail("spaces")
         return super().to_internal_value(data)
 
 

@@ -132,7 +132,7 @@ class OrderCreateApi(APIView):
         )
         currency = CurrencyField(required=False)
         description = StrictCharField(
-            required=False, allow_blank=True, max_length=255, default=""
+            free_text=True, required=False, allow_blank=True, max_length=255, default=""
         )
 
         def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:

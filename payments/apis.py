@@ -230,7 +230,9 @@ class PaymentRefundApi(APIView):
         class Meta:
             ref_name = "PaymentRefundInput"
 
-        reason = StrictCharField(required=False, max_length=64, allow_blank=False)
+        reason = StrictCharField(
+            free_text=True, required=False, max_length=64, allow_blank=False
+        )
 
     @extend_schema(
         request=InputSerializer,

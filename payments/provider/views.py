@@ -74,7 +74,7 @@ class ChargeCreateApi(_MerchantApi):
         amount = StrictIntegerField(min_value=1, max_value=MAX_AMOUNT)
         currency = StrictCharField(min_length=3, max_length=3)
         description = StrictCharField(
-            max_length=255, required=False, default="", allow_blank=True
+            free_text=True, max_length=255, required=False, default="", allow_blank=True
         )
         return_url = StrictCharField(
             max_length=500,

@@ -312,6 +312,23 @@ def test_a_refused_transfer_moves_nothing(alice, bob, body, status, code):
     assert again["Idempotent-Replayed"] == "true"
 
 
+@pytest.mark.parametrize(
+    ("field", "spaced"), [("to", " bob"), ("to", "bob "), ("currency", "CNY\t")]
+)
+def test_a_recipient_or_currency_with_whitespace_around_it_is_refused(
+    alice, bob, field, spaced
+):
+    """`" bob"` was trimmed and sent to bob: another request than the one sent."""
+    _, client, wallet = alice
+    body = {"to": "bob", "amount": 1, "currency": "CNY", field: spaced}
+    problem = assert_problem(send(client, body), 400, "validation_error")
+    assert problem["errors"] == {
+        field: ["Remove the whitespace around the value: it is taken as sent."]
+    }
+    assert not Transfer.objects.exists()
+    assert balance(wallet) == 10_000
+
+
 @pytest.mark.parametrize("who", ["alice", "bob"])
 def test_a_frozen_wallet_on_either_side_refuses(alice, bob, who):
     _, client, _ = alice

@@ -5,6 +5,7 @@ import pytest
 from idempotency.models import IdempotencyRecord
 from idempotency.redis import get_redis
 from orders.models import Order, PreOrder
+from orders.services import product_get_or_create
 from tests.conftest import run_in_threads
 from tests.helpers import assert_problem, customer, new_key, place_order
 
@@ -187,6 +188,52 @@ def test_a_nul_in_text_is_named_as_such(alice):
         "Text may not contain NUL characters (\\u0000)."
     ]
     assert not Order.objects.exists()
+
+
+@pytest.mark.parametrize(
+    ("field", "spaced"),
+    [
+        ("currency", " CNY"),
+        ("currency", "CNY "),
+        ("currency", "CNY\u3000"),  # an ideographic space: whitespace too
+        ("merchant_order_no", " {no}"),
+        ("merchant_order_no", "{no}\n"),
+        ("items", " TEA"),
+        ("items", "TEA\t"),
+    ],
+)
+def test_an_identifier_with_whitespace_around_it_is_refused_not_trimmed(
+    alice, field, spaced
+):
+    """DRF's CharField trimmed it: `" CNY"` placed an order in CNY, `" <no>"` the
+    order numbered `<no>`, `" TEA"` took tea's stock, each another request than
+    the one sent. Refused as a field that fails the schema: its key stays free."""
+    product_get_or_create(sku="TEA", name="Tea", price=100, currency="CNY")
+    _, client, _ = alice
+    no = preorder(client)
+    body: dict = {"merchant_order_no": no, "amount": 100, "currency": "CNY"}
+    if field == "items":
+        body = {"merchant_order_no": no, "items": [{"sku": spaced, "quantity": 1}]}
+    else:
+        body[field] = spaced.format(no=no)
+    key = new_key()
+    problem = assert_problem(create(client, body, key), 400, "validation_error")
+    message = "Remove the whitespace around the value: it is taken as sent."
+    if field == "items":
+        assert problem["errors"] == {"items": {"0": {"sku": [message]}}}
+    else:
+        assert problem["errors"] == {field: [message]}
+    assert not Order.objects.exists()
+    corrected = {"merchant_order_no": no, "amount": 100, "currency": "CNY"}
+    assert create(client, corrected, key).status_code == 201
+
+
+def test_free_text_is_still_trimmed(alice):
+    _, client, _ = alice
+    body = {"merchant_order_no": preorder(client), "amount": 1, "description": " Tea "}
+    response = create(client, body)
+    assert response.status_code == 201, response.content
+    assert response.json()["description"] == "Tea"
 
 
 @pytest.mark.parametrize(

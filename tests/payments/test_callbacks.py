@@ -344,6 +344,22 @@ def test_bad_field_values_are_400(payment):
     assert not ProviderEvent.objects.exists()
 
 
+def test_an_identifier_with_whitespace_around_it_is_refused_not_trimmed(payment):
+    """`" <no>"` was trimmed and matched the order: the event stored names another
+    order number than the one the provider signed."""
+    no, txn = payment.order.merchant_order_no, payment.provider_txn_id
+    for override in (
+        {"merchant_order_no": f" {no}"},
+        {"merchant_order_no": f"{no}\n"},
+        {"provider_txn_id": f"{txn} "},
+        {"event_id": " evt-1"},
+    ):
+        response = post_callback(event_body(payment, **override))
+        problem = assert_problem(response, 400, "validation_error")
+        assert list(problem["errors"]) == list(override)
+    assert not ProviderEvent.objects.exists()
+
+
 def test_the_invariant_names_a_settled_payment_without_its_entry(payment):
     post_callback(event_body(payment))
     process_all()
