@@ -13,6 +13,8 @@ from .currencies import SUPPORTED_CURRENCIES, currency_supported
 
 # Far above any real order, far below BIGINT: an absurd number is a 400, never a 500.
 MAX_AMOUNT = 10**15
+# The largest integer any field takes: past 64 bits a number is no amount at all.
+MAX_INT64 = 2**63 - 1
 
 
 def storable(text: str) -> bool:
