@@ -22,7 +22,7 @@ from idempotency.decorators import idempotent
 
 from .auth import authenticated
 from .fields import (
-    MAX_AMOUNT,
+    MAX_INT64,
     BoundedListField,
     CurrencyField,
     StrictCharField,
@@ -210,7 +210,9 @@ class TransferItemSerializer(StrictNestedSerializer):
         ref_name = "TransferInput"
 
     to = StrictCharField(max_length=150)
-    amount = StrictIntegerField(min_value=-MAX_AMOUNT, max_value=MAX_AMOUNT)
+    # Any 64-bit integer: one past the largest order amount is still "not
+    # positive" or more than the wallet holds (the refusals the contract names).
+    amount = StrictIntegerField(min_value=-MAX_INT64 - 1, max_value=MAX_INT64)
     # Left out: the ledger's default currency, as everywhere money is given.
     currency = CurrencyField(default=lambda: settings.LEDGER_DEFAULT_CURRENCY)
     description = StrictCharField(

@@ -289,6 +289,9 @@ def test_a_sender_with_no_wallet_yet_has_nothing_to_send(bob):
     assert_problem(send(client, batch), 422, "insufficient_funds")
 
 
+ITEM: dict = {"to": "bob", "amount": 1, "currency": "CNY"}
+
+
 @pytest.mark.parametrize(
     ("body", "status", "code"),
     [
@@ -298,6 +301,30 @@ def test_a_sender_with_no_wallet_yet_has_nothing_to_send(bob):
         ({"to": "bob", "amount": 0, "currency": "CNY"}, 422, "invalid_transfer"),
         ({"to": "bob", "amount": -1, "currency": "CNY"}, 422, "invalid_transfer"),
         ({"to": "bob", "amount": 1, "currency": "USD"}, 422, "currency_mismatch"),
+        # Past the largest amount an order may have, within 64 bits: still "amount
+        # not positive" or more than the wallet holds, as the contract names them
+        # (they were 400s for their form); past 64 bits, a 400 (below).
+        (
+            {"to": "bob", "amount": -(10**15) - 1, "currency": "CNY"},
+            422,
+            "invalid_transfer",
+        ),
+        ({"to": "bob", "amount": -(2**63), "currency": "CNY"}, 422, "invalid_transfer"),
+        (
+            {"to": "bob", "amount": 10**15 + 1, "currency": "CNY"},
+            422,
+            "insufficient_funds",
+        ),
+        (
+            {"to": "bob", "amount": 2**63 - 1, "currency": "CNY"},
+            422,
+            "insufficient_funds",
+        ),
+        (
+            {"transfers": [ITEM, {**ITEM, "amount": 2**63 - 1}] * 50},
+            422,
+            "insufficient_funds",
+        ),
     ],
 )
 def test_a_refused_transfer_moves_nothing(alice, bob, body, status, code):
@@ -338,9 +365,6 @@ def test_a_frozen_wallet_on_either_side_refuses(alice, bob, who):
     assert not Transfer.objects.exists()
 
 
-ITEM: dict = {"to": "bob", "amount": 1, "currency": "CNY"}
-
-
 @pytest.mark.parametrize(
     "body",
     [
@@ -350,6 +374,8 @@ ITEM: dict = {"to": "bob", "amount": 1, "currency": "CNY"}
         {"to": "bob", "amount": 1, "currency": None},
         {"to": "bob", "amount": 10**30, "currency": "CNY"},
         {"to": "bob", "amount": -(10**30), "currency": "CNY"},
+        {"to": "bob", "amount": 2**63, "currency": "CNY"},
+        {"to": "bob", "amount": -(2**63) - 1, "currency": "CNY"},
         {"to": "bob", "amount": "1", "currency": "CNY"},
         {"to": "bob", "amount": 1.5, "currency": "CNY"},
         {"to": "bob", "amount": True, "currency": "CNY"},
