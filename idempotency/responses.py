@@ -84,5 +84,9 @@ def replay(stored: StoredResponse) -> HttpResponse:
     response = HttpResponse(stored.body, status=stored.status)
     for name, value in stored.headers.items():
         response[name] = value
+    # As the first answer had it (CommonMiddleware set it): a replay the middleware
+    # answers from Redis skips that, and went out chunked without it.
+    if stored.status not in (204, 304):  # (which must not send one)
+        response["Content-Length"] = str(len(stored.body))
     response[REPLAY_HEADER] = "true"
     return response
