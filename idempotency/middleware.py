@@ -3,7 +3,7 @@
 A retry of a finished request is the commonest thing an idempotent API sees, and the
 cheapest to answer: the response is already in the Redis cache. Going through every
 middleware, URL routing, DRF and a token lookup in the database first would cost more
-than the original write did. This middleware, first in `MIDDLEWARE`, makes the fast
+than the original write did. This middleware, early in `MIDDLEWARE`, makes the fast
 path's begin in one Redis round trip instead (`fastpath.begin_for_credential`; two on a
 Redis Cluster, where the caller's scope is read before the key's lock and cache):
 

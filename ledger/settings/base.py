@@ -100,9 +100,12 @@ INSTALLED_APPS = [
 MIDDLEWARE = [
     # First: no NUL in a URL, no body over DATA_UPLOAD_MAX_MEMORY_SIZE (404, 413).
     "ledger.middleware.RequestLimitsMiddleware",
+    # Outside the replay shortcut: a replay carries the security headers the
+    # answer it replays did (nosniff, referrer and opener policies, frame denial).
+    "django.middleware.security.SecurityMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
     # A retry of a finished request is answered from Redis in one round trip.
     "idempotency.middleware.ReplayMiddleware",
-    "django.middleware.security.SecurityMiddleware",
     # Health, readiness and metrics, whatever the Host header says: after the
     # security headers (which do not read the host), before CommonMiddleware.
     "ledger.middleware.ProbeMiddleware",
@@ -115,7 +118,6 @@ MIDDLEWARE = [
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
-    "django.middleware.clickjacking.XFrameOptionsMiddleware",
 ]
 
 # The largest request body the app reads, as nginx's `client_max_body_size 1m`;

@@ -51,6 +51,14 @@ def test_any_printable_ascii_key_up_to_255_is_accepted(alice, good):
     assert alice.post(DEPOSITS, {"amount": 5}, key=good).status_code == 201
 
 
+SECURITY_HEADERS = (
+    "X-Content-Type-Options",
+    "Referrer-Policy",
+    "Cross-Origin-Opener-Policy",
+    "X-Frame-Options",
+)
+
+
 def test_retry_replays_the_first_response_byte_for_byte(alice, key, both_paths):
     first = alice.post(DEPOSITS, {"amount": 5}, key)
     assert first.status_code == 201
@@ -63,6 +71,8 @@ def test_retry_replays_the_first_response_byte_for_byte(alice, key, both_paths):
         assert again["Content-Type"] == first["Content-Type"]
         # (A replay from Redis had none: gunicorn sent it chunked.)
         assert again["Content-Length"] == first["Content-Length"]
+        for security in SECURITY_HEADERS:  # (a replay from Redis had none)
+            assert again[security] == first[security], security
         assert again["Idempotent-Replayed"] == "true"
     assert alice.deposits() == 1
     record = IdempotencyRecord.objects.get(key=key)
