@@ -289,4 +289,9 @@ def _same_site_referer(request: HttpRequest) -> str | None:
     if not parts.netloc:  # only an absolute URL names its origin
         return None
     path = parts.path or "/"
-    return f"{path}?{parts.query}" if parts.query else path
+    back = f"{path}?{parts.query}" if parts.query else path
+    # The path alone is a link of its own: `//evil.example/x` (or `/\evil...`,
+    # which browsers read alike) is another site's address.
+    if not url_has_allowed_host_and_scheme(back, allowed_hosts=None):
+        return None
+    return back

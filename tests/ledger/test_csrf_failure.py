@@ -57,7 +57,17 @@ def test_a_stale_tab_gets_a_page_out_of_date_linking_back(browser):
 
 
 @pytest.mark.parametrize(
-    "referer", [None, "https://evil.example/login", "//evil.example/x", "javascript:x"]
+    "referer",
+    [
+        None,
+        "https://evil.example/login",
+        "//evil.example/x",
+        "javascript:x",
+        # Ours by its host, but its path alone is another site's address.
+        "http://testserver//evil.example/x",
+        "http://testserver/\\evil.example/x",
+        "http://testserver/\\/evil.example/x",
+    ],
 )
 def test_without_a_referer_of_ours_the_link_goes_home(browser, referer):
     headers = {"Referer": referer} if referer else {}
