@@ -3,6 +3,7 @@ from urllib.parse import urlencode
 
 from django import forms
 from django.contrib import admin, messages
+from django.core.exceptions import PermissionDenied
 from django.db import transaction
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
@@ -233,7 +234,7 @@ class ProductForm(forms.ModelForm):
     # Staff type a price as the shop shows it (12.50), not in minor units.
     price = MoneyField(label=_("price"), max_minor=MAX_AMOUNT)
     currency = forms.ChoiceField(
-        choices=[(code, code) for code in SUPPORTED_CURRENCIES]
+        label=_("currency"), choices=[(code, code) for code in SUPPORTED_CURRENCIES]
     )
 
     class Meta:
@@ -265,7 +266,11 @@ class ProductAdmin(admin.ModelAdmin):
         if obj is None:
             return ("stock",)
         # The SKU names the product in orders and movements: fixed once made.
-        return ("sku", *self.readonly_fields)
+        fields = ("sku", *self.readonly_fields)
+        if not self.has_change_permission(request, obj):
+            # Staff who may only look are offered no button that would refuse them.
+            fields = tuple(f for f in fields if f != "adjust_stock")
+        return fields
 
     def has_delete_permission(self, request: HttpRequest, obj=None) -> bool:
         return False  # its movements and order lines keep naming it
@@ -303,7 +308,7 @@ class ProductAdmin(admin.ModelAdmin):
         submitting it again is the same adjustment, made once."""
         product = get_object_or_404(Product, pk=product_id)
         if not self.has_change_permission(request, product):
-            return HttpResponse(status=403)
+            raise PermissionDenied  # the back office's 403 page, which says why
         change_url = reverse("admin:orders_product_change", args=[product.pk])
         if request.method == "POST":
             form = StockAdjustForm(request.POST)

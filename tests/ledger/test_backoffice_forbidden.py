@@ -63,3 +63,21 @@ def test_staff_without_an_actions_permission_get_the_back_offices_403_page():
     browser = staff_member("view_account")
     url = f"{ACCOUNTS}backoffice/credit/?ids={wallet.pk}&token={'a' * 32}"
     assert "needs a permission" in assert_back_office_403(browser.get(url))
+
+
+def test_staff_who_may_only_look_at_products_cannot_adjust_stock():
+    """The product page offers them no "Adjust stock" button, and its page, asked for
+    all the same, is the back office's 403 page (not an empty one); nothing moves."""
+    from orders.models import StockMovement
+    from orders.services import product_get_or_create
+
+    tea, _ = product_get_or_create(sku="TEA", name="Tea", price=100, currency="CNY")
+    browser = staff_member("view_product")
+    product_page = browser.get(f"/admin/orders/product/{tea.pk}/change/")
+    assert product_page.status_code == 200
+    assert "adjust-stock" not in product_page.content.decode()
+    url = f"/admin/orders/product/{tea.pk}/adjust-stock/"
+    assert "needs a permission" in assert_back_office_403(browser.get(url))
+    posted = browser.post(url, {"token": "a" * 32, "quantity": "5", "note": "x"})
+    assert "needs a permission" in assert_back_office_403(posted)
+    assert not StockMovement.objects.exists()
