@@ -13,8 +13,8 @@ it always equals the sum of the wallet's active holds, and only `available` =
 from django.conf import settings
 from django.db import models
 from django.db.models import Q
+from django.utils.translation import gettext, pgettext_lazy
 from django.utils.translation import gettext_lazy as _
-from django.utils.translation import pgettext_lazy
 from django_fsm import FSMField, transition
 
 
@@ -148,7 +148,7 @@ class JournalEntry(models.Model):
         verbose_name_plural = _("journal entries")
 
     def __str__(self) -> str:
-        return f"{self.kind} {self.reference}"
+        return f"{self.get_kind_display()} {self.reference}"
 
 
 class Posting(models.Model):
@@ -186,7 +186,10 @@ class Posting(models.Model):
         ]
 
     def __str__(self) -> str:
-        return f"{self.amount:+d} on account {self.account_id}"
+        return gettext("%(amount)s on account %(account)s") % {
+            "amount": f"{self.amount:+d}",
+            "account": self.account_id,
+        }
 
 
 class JournalSeal(models.Model):
@@ -218,7 +221,10 @@ class JournalSeal(models.Model):
         verbose_name_plural = _("journal seals")
 
     def __str__(self) -> str:
-        return f"seal #{self.seq} of entry {self.entry_id}"
+        return gettext("seal #%(seq)s of entry %(entry)s") % {
+            "seq": self.seq,
+            "entry": self.entry_id,
+        }
 
 
 class TransferBatch(models.Model):
@@ -238,7 +244,7 @@ class TransferBatch(models.Model):
         verbose_name_plural = _("transfer batches")
 
     def __str__(self) -> str:
-        return f"transfer batch {self.pk}"
+        return gettext("transfer batch %(id)s") % {"id": self.pk}
 
 
 class Transfer(models.Model):
@@ -296,7 +302,11 @@ class Transfer(models.Model):
         ]
 
     def __str__(self) -> str:
-        return f"transfer {self.pk}: {self.amount} {self.currency}"
+        return gettext("transfer %(id)s: %(amount)s %(currency)s") % {
+            "id": self.pk,
+            "amount": self.amount,
+            "currency": self.currency,
+        }
 
 
 class Hold(models.Model):
@@ -355,4 +365,8 @@ class Hold(models.Model):
         ]
 
     def __str__(self) -> str:
-        return f"hold {self.reference} ({self.amount}, {self.status})"
+        return gettext("hold %(reference)s (%(amount)s, %(status)s)") % {
+            "reference": self.reference,
+            "amount": self.amount,
+            "status": self.get_status_display(),
+        }

@@ -266,7 +266,7 @@ class ProductAdmin(admin.ModelAdmin):
         if obj is None:
             return ("stock",)
         # The SKU names the product in orders and movements: fixed once made.
-        fields = ("sku", *self.readonly_fields)
+        fields: tuple[str, ...] = ("sku", *self.readonly_fields)
         if not self.has_change_permission(request, obj):
             # Staff who may only look are offered no button that would refuse them.
             fields = tuple(f for f in fields if f != "adjust_stock")

@@ -15,6 +15,7 @@ from django.conf import settings
 from django.db import models
 from django.db.models import Q
 from django.db.models.functions import Now
+from django.utils.translation import gettext
 from django.utils.translation import gettext_lazy as _
 from django_fsm import ConcurrentTransitionMixin, FSMField, transition
 
@@ -237,7 +238,11 @@ class Payment(ProtectedStateMixin, ConcurrentTransitionMixin, models.Model):
         ]
 
     def __str__(self) -> str:
-        return f"payment {self.pk} ({self.method}, {self.status})"
+        return gettext("payment %(id)s (%(method)s, %(status)s)") % {
+            "id": self.pk,
+            "method": self.get_method_display(),
+            "status": self.get_status_display(),
+        }
 
     @property
     def used_provider_charge(self) -> bool:
@@ -349,7 +354,10 @@ class Refund(models.Model):
         ]
 
     def __str__(self) -> str:
-        return f"refund {self.pk} of payment {self.payment_id}"
+        return gettext("refund %(id)s of payment %(payment)s") % {
+            "id": self.pk,
+            "payment": self.payment_id,
+        }
 
 
 # What a provider callback can report (`ProviderEvent.kind`).
@@ -422,7 +430,11 @@ class ProviderEvent(models.Model):
         ]
 
     def __str__(self) -> str:
-        return f"event {self.event_id} ({self.kind}, {self.status})"
+        return gettext("event %(id)s (%(kind)s, %(status)s)") % {
+            "id": self.event_id,
+            "kind": self.kind,
+            "status": self.get_status_display(),
+        }
 
 
 class ChargeTakenUp(models.Model):
@@ -499,4 +511,7 @@ class Shipment(models.Model):
         ]
 
     def __str__(self) -> str:
-        return f"shipment of order {self.order_id} ({self.status})"
+        return gettext("shipment of order %(order)s (%(status)s)") % {
+            "order": self.order_id,
+            "status": self.get_status_display(),
+        }

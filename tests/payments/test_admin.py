@@ -8,7 +8,7 @@ from django.db import connection
 from ledger.models import JournalEntry
 from orders.models import Order
 from payments.models import Payment, ProviderEvent, Refund
-from payments.services import payment_pay_with_balance
+from payments.services import payment_pay_with_balance, payment_refund
 from tests.backoffice import (
     apply_action,
     messages_of,
@@ -98,6 +98,45 @@ def test_transitions_and_titles_read_in_chinese(admin_client, paid):
         "审计日志",
     ):
         assert label in index, label
+
+
+def test_records_are_named_in_chinese(admin_client, paid):
+    """What a page names a record by (an inline's row, a breadcrumb, the refund
+    page's list, a checkbox's title) is in the reader's language too."""
+    payment, wallet = paid
+    payment_refund(payment_id=payment.pk)
+    payment.refresh_from_db()
+    zh = {"HTTP_ACCEPT_LANGUAGE": "zh-hans"}
+    entry = payment.journal_entry
+    pages = {
+        f"/admin/orders/order/{payment.order.pk}/change/": [
+            f"支付 {payment.pk}（钱包余额，已退款）"  # noqa: RUF001
+        ],
+        f"/admin/payments/shipment/{payment.order.shipment.pk}/change/": [
+            f"订单 {payment.order.pk} 的发货（已取消）"  # noqa: RUF001
+        ],
+        PAYMENTS: [f"支付 {payment.pk}（钱包余额，已退款）"],  # noqa: RUF001
+        f"/admin/ledger/journalentry/{entry.pk}/change/": [
+            f"支付 {entry.reference}",
+            f"账户 {wallet.pk}：-94003",  # noqa: RUF001
+        ],
+        f"/admin/payments/refund/{payment.refund_record.pk}/change/": [
+            f"支付 {payment.pk} 的退款 {payment.refund_record.pk}"
+        ],
+    }
+    for url, names in pages.items():
+        content = admin_client.get(url, **zh).content.decode()
+        for name in names:
+            assert name in content, (url, name)
+        for english in (
+            f"payment {payment.pk} (",
+            "shipment of",
+            "on account",
+            "of payment",
+        ):
+            assert english not in content, (url, english)
+    add = admin_client.get("/admin/orders/product/add/", **zh).content.decode()
+    assert "Currency" not in add and "币种" in add
 
 
 def test_actions_without_a_page_have_no_action_page(admin_client, paid):
