@@ -30,6 +30,7 @@ from . import services
 from .exceptions import OutOfStock
 from .fields import MAX_AMOUNT, MAX_STOCK_MOVE
 from .models import Order, OrderItem, PreOrder, Product, StockMovement
+from .selectors import stock_adjustment_matches
 
 
 class OrderItemInline(admin.TabularInline):
@@ -314,14 +315,16 @@ class ProductAdmin(admin.ModelAdmin):
             form = StockAdjustForm(request.POST)
             if form.is_valid():
                 data = form.cleaned_data
+                reference = f"{product.pk}:{data['token']}"
+                note = _staff_note(request, data["note"])
                 try:
                     # The view is the entry point: it owns the transaction.
                     with transaction.atomic(durable=True):
                         moved = services.stock_adjust(
                             product_id=product.pk,
                             quantity=data["quantity"],
-                            reference=f"{product.pk}:{data['token']}",
-                            note=_staff_note(request, data["note"]),
+                            reference=reference,
+                            note=note,
                         )
                 except OutOfStock:
                     product.refresh_from_db(fields=["stock"])
@@ -338,10 +341,23 @@ class ProductAdmin(admin.ModelAdmin):
                         self.message_user(
                             request, _("Stock adjusted."), messages.SUCCESS
                         )
-                    else:
+                    elif stock_adjustment_matches(
+                        reference=reference, quantity=data["quantity"], note=note
+                    ):
                         self.message_user(
                             request,
                             _("This adjustment was already made; nothing changed."),
+                            messages.WARNING,
+                        )
+                    else:
+                        # Back, other values, submit: the token is spent on the
+                        # adjustment it made; this one was not made.
+                        self.message_user(
+                            request,
+                            _(
+                                "This form already made another adjustment; nothing "
+                                "more changed. Open the page again to make this one."
+                            ),
                             messages.WARNING,
                         )
                     return HttpResponseRedirect(change_url)

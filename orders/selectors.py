@@ -2,7 +2,7 @@ from django.contrib.auth.models import AbstractBaseUser, User
 from django.db.models import QuerySet
 from django.shortcuts import get_object_or_404
 
-from .models import Order, PreOrder, Product
+from .models import Order, PreOrder, Product, StockMovement
 
 
 def order_list(
@@ -54,3 +54,11 @@ def preorder_find(*, owner: User, merchant_order_no: str) -> PreOrder | None:
 def product_list() -> QuerySet[Product]:
     """The catalogue, by SKU."""
     return Product.objects.order_by("sku")
+
+
+def stock_adjustment_matches(*, reference: str, quantity: int, note: str) -> bool:
+    """Whether the adjustment made under `reference` (see `stock_adjust`) moved
+    `quantity` units with `note`: the same form sent again, not one changed since."""
+    return StockMovement.objects.filter(
+        reference=f"adjust:{reference}", quantity=quantity, note=note
+    ).exists()

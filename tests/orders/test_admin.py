@@ -183,6 +183,29 @@ def test_an_adjustment_resubmitted_after_back_is_applied_once(staff):
     assert other.context["form"].initial["token"] != token
 
 
+def test_an_adjustment_changed_after_back_says_it_was_not_made(staff):
+    """Back, another quantity, submit: the form's token made its adjustment
+    already, so nothing more moves, and staff are told the new one was not made
+    (not that it "was already made", which it was not)."""
+    from orders.models import Product, StockMovement
+    from orders.services import product_get_or_create, stock_top_up
+
+    tea, _ = product_get_or_create(sku="TEA", name="Tea", price=100, currency="CNY")
+    stock_top_up(product_id=tea.pk, at_least=5)
+    page, shown = adjust_page(staff, f"/admin/orders/product/{tea.pk}/adjust-stock/")
+    form = {"token": page.context["form"].initial["token"], "note": "delivery"}
+    assert staff.post(shown, {**form, "quantity": "5"}).status_code == 302
+    again = staff.post(shown, {**form, "quantity": "-3"}, follow=True)
+    said = [str(m) for m in again.context["messages"]]
+    assert "This adjustment was already made; nothing changed." not in said
+    assert (
+        "This form already made another adjustment; nothing more changed. Open "
+        "the page again to make this one." in said
+    )
+    assert Product.objects.get(pk=tea.pk).stock == 10  # 5 + 5, once
+    assert StockMovement.objects.filter(kind="adjustment").count() == 1
+
+
 def test_an_adjust_stock_address_with_a_damaged_token_gets_a_fresh_one(staff):
     from orders.services import product_get_or_create
 
