@@ -10,7 +10,10 @@ from ledger.forms import MoneyField, PlainIntegerField, minor_units
 from .fields import MAX_AMOUNT, MAX_ITEM_QUANTITY, MAX_ORDER_LINES
 from .models import MERCHANT_ORDER_NO_MAX_LENGTH, Product
 
-QUANTITY_FIELD = re.compile(r"quantity_[0-9]{1,19}")
+QUANTITY_FIELD = re.compile(r"quantity_([0-9]{1,19})")
+# Each product's price as the form showed it (`price_<id>`, hidden, minor units):
+# what the shopper chose at.
+PRICE_FIELD = "price_{}"
 
 
 class OrderForm(forms.Form):
@@ -91,6 +94,7 @@ class OrderForm(forms.Form):
 
     def clean(self) -> dict[str, Any]:
         cleaned = super().clean() or {}
+        self._refuse_a_stale_catalogue()
         chosen = self.items()
         if chosen and cleaned.get("amount") is not None:
             raise forms.ValidationError(
@@ -99,6 +103,40 @@ class OrderForm(forms.Form):
         if not chosen and cleaned.get("amount") is None and "amount" not in self.errors:
             self.add_error("amount", _("Enter an amount or choose products."))
         return cleaned
+
+    def _refuse_a_stale_catalogue(self) -> None:
+        """Refuse a form whose products changed since it was shown: one chosen
+        that is no longer on offer (never an order of the rest without it), or
+        one whose price is not the price shown (never charged unseen). The form
+        comes back showing the catalogue as it is now, its token unused."""
+        offered = {str(p.pk) for p in self.products}
+        for name, value in self.data.items():
+            line = QUANTITY_FIELD.fullmatch(name)
+            if line and line.group(1) not in offered and _chosen(value):
+                raise forms.ValidationError(
+                    _(
+                        "A product on this form is no longer offered; nothing was "
+                        "ordered. Check the form and place the order again."
+                    ),
+                    code="stale",
+                )
+        data = getattr(self, "cleaned_data", {})
+        for product in self.products:
+            shown = self.data.get(PRICE_FIELD.format(product.pk))
+            if (
+                data.get(self.quantity_field(product))
+                and shown is not None
+                and shown != str(product.price)
+            ):
+                raise forms.ValidationError(
+                    _(
+                        "The price of %(name)s changed since this form was shown; "
+                        "nothing was ordered. Check the new price and place the "
+                        "order again."
+                    ),
+                    code="stale",
+                    params={"name": product.name},
+                )
 
     def items(self) -> list[tuple[str, int]]:
         """The (sku, quantity) lines chosen, in the order the products are shown."""
@@ -119,3 +157,12 @@ class OrderForm(forms.Form):
         if lines:
             return ("items", tuple(lines), description)
         return ("amount", self.amount_minor_units(), currency, description)
+
+
+def _chosen(value: object) -> bool:
+    """Whether a submitted quantity asks for anything (a blank or a zero does not)."""
+    text = str(value).strip()
+    try:
+        return float(text or 0) != 0
+    except ValueError:
+        return True  # not a number: something was typed

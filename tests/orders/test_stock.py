@@ -2,6 +2,7 @@
 the order's transaction, and stock given back exactly once on cancel or expiry."""
 
 import json
+import re
 from datetime import timedelta
 from io import StringIO
 
@@ -680,6 +681,54 @@ def test_web_order_with_products_once_per_form(client, alice):
     # cancelled on the web: the stock comes back
     assert client.post(f"/orders/{token}/cancel").status_code == 303
     assert stock_of("TEA") == 5
+
+
+def shown_prices(page) -> dict[str, str]:
+    """The prices the form's page showed, as the browser sends them back."""
+    return dict(re.findall(r'name="(price_[0-9]+)" value="([0-9]+)"', page))
+
+
+def test_a_web_form_whose_price_changed_orders_nothing(client, alice):
+    """The shopper chose at the price the form showed: a price changed since is
+    never charged unseen; the form comes back with the new price, and the same
+    form sent again (its token unused) then orders at it."""
+    user, _, _ = alice
+    client.force_login(user)
+    product("TEA", price=1200, stock=5)
+    page = client.get(client.get("/orders/new")["Location"])
+    field = page.context["form"].quantity_field(Product.objects.get(sku="TEA"))
+    post = {
+        "token": page.context["form"]["token"].value(),
+        field: "2",
+        **shown_prices(page.content.decode()),
+    }
+    Product.objects.filter(sku="TEA").update(price=9900)  # staff raised it meanwhile
+    shown = client.post("/orders/new", post)
+    assert shown.status_code == 200
+    assert "The price of TEA name changed" in shown.content.decode()
+    assert "¥99.00" in shown.content.decode()
+    assert not Order.objects.exists() and stock_of("TEA") == 5
+    again = {**post, **shown_prices(shown.content.decode())}
+    assert client.post("/orders/new", again).status_code == 303
+    assert Order.objects.get().amount == 19800
+
+
+def test_a_web_form_naming_a_product_no_longer_offered_orders_nothing(client, alice):
+    """A product the form offered has left the form's catalogue since (another
+    currency now): never an order of the rest without it."""
+    user, _, _ = alice
+    client.force_login(user)
+    product("TEA", price=1200, stock=5)
+    product("MUG", price=450, stock=5)
+    token, fields = web_form(client)
+    Product.objects.filter(sku="MUG").update(currency="USD")
+    shown = client.post(
+        "/orders/new", {"token": token, fields["TEA"]: "1", fields["MUG"]: "2"}
+    )
+    assert shown.status_code == 200
+    assert "no longer offered" in shown.content.decode()
+    assert not Order.objects.exists()
+    assert (stock_of("TEA"), stock_of("MUG")) == (5, 5)
 
 
 def test_web_orders_from_two_tabs_of_one_form_are_both_placed(client, alice):
