@@ -3,6 +3,9 @@ from typing import Any
 
 from django import forms
 from django.contrib import admin, messages
+from django.contrib.auth.admin import GroupAdmin as DjangoGroupAdmin
+from django.contrib.auth.admin import UserAdmin as DjangoUserAdmin
+from django.contrib.auth.models import Group, User
 from django.db import transaction
 from django.db.models import OuterRef, QuerySet, Subquery, Sum
 from django.db.models.constants import LOOKUP_SEP
@@ -566,3 +569,52 @@ class TokenAdmin(DRFTokenAdmin):
         if lookup.split(LOOKUP_SEP)[0] in ("key", "pk"):
             return False
         return super().lookup_allowed(lookup, value, request)
+
+
+# Staff who may manage users or groups are not thereby superusers. Django's own
+# user and group pages let anyone with `change_user` make themselves a superuser or
+# grant themselves any permission, and set the password of any account, a
+# superuser's too, and then log in as it; `change_group` let them add any
+# permission to a group of theirs. Only a superuser grants power here: to others,
+# what grants it is read-only, and a staff account is not theirs to change.
+POWER_FIELDS = ("is_staff", "is_superuser", "groups", "user_permissions")
+
+
+def grants_power(request: HttpRequest) -> bool:
+    return request.user.is_superuser
+
+
+admin.site.unregister(User)
+admin.site.unregister(Group)
+
+
+@admin.register(User)
+class UserAdmin(DjangoUserAdmin):
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> Any:
+        fields = super().get_readonly_fields(request, obj)
+        return fields if grants_power(request) else (*fields, *POWER_FIELDS)
+
+    def _may_touch(self, request: HttpRequest, obj: Any) -> bool:
+        return (
+            obj is None
+            or grants_power(request)
+            or not (obj.is_staff or obj.is_superuser)
+        )
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        # (Its password page asks this too.)
+        return self._may_touch(request, obj) and super().has_change_permission(
+            request, obj
+        )
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return self._may_touch(request, obj) and super().has_delete_permission(
+            request, obj
+        )
+
+
+@admin.register(Group)
+class GroupAdmin(DjangoGroupAdmin):
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> Any:
+        fields = super().get_readonly_fields(request, obj)
+        return fields if grants_power(request) else (*fields, "permissions")
