@@ -561,6 +561,13 @@ class TokenAdmin(DRFTokenAdmin):
     def get_fields(self, request: HttpRequest, obj: Any = None) -> tuple[str, ...]:
         return ("user",) if obj is None else ("key_prefix", "user", "created")
 
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> Any:
+        # A token is its user's for good: handed to another user, whoever holds it
+        # (staff who may change tokens, holding their own) would act as that user
+        # in the API, and spend their wallet.
+        fields = super().get_readonly_fields(request, obj)
+        return fields if obj is None else (*fields, "user")
+
     @admin.display(description=_("key"))
     def key_prefix(self, token: TokenProxy) -> str:
         return token_prefix(token.key)

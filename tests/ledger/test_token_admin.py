@@ -111,3 +111,16 @@ def test_a_token_added_twice_at_once_for_one_user_is_added_once(admin_user):
     results = run_in_threads(6, work)
     assert sorted(results) == [200] * 5 + [302], results
     assert Token.objects.filter(user=user).count() == 1
+
+
+def test_a_token_cannot_be_handed_to_another_user(admin_client):
+    """Its user is fixed: a token moved to another user would let whoever holds
+    it (staff who may change tokens, holding their own) act as that user in the
+    API, and spend their wallet."""
+    alice = get_user_model().objects.create_user("alice")  # no token of her own
+    clerk, clerks_token = customer("clerk")
+    admin_client.post(f"{TOKENS}{clerk.pk}/change/", {"user": alice.pk})
+    assert Token.objects.get(key=clerks_token).user == clerk
+    api = APIClient()
+    api.credentials(HTTP_AUTHORIZATION=f"Token {clerks_token}")
+    assert api.get("/api/v1/accounts/me").json()["id"] == clerk.accounts.get().pk
