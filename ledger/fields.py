@@ -40,7 +40,9 @@ class StrictCharField(serializers.CharField):
     a SKU, a username) is taken as sent: one with whitespace around it is refused,
     where DRF's CharField trims it and would take `" CNY"` for `CNY`, another
     request than the one sent. Free text (`free_text=True`: a description, a
-    reason) is trimmed as DRF does."""
+    reason) is trimmed as DRF does. Another party's own identifier (`opaque=True`:
+    a provider's event id, what a callback names) is neither: it is kept as sent,
+    whatever its form, and matches what it matches."""
 
     default_error_messages = {
         "invalid": "A JSON string is required.",
@@ -48,7 +50,10 @@ class StrictCharField(serializers.CharField):
         "spaces": "Remove the whitespace around the value: it is taken as sent.",
     }
 
-    def __init__(self, *, free_text: bool = False, **kwargs: Any) -> None:
+    def __init__(
+        self, *, free_text: bool = False, opaque: bool = False, **kwargs: Any
+    ) -> None:
+        self.opaque = opaque
         super().__init__(trim_whitespace=free_text, **kwargs)
 
     def to_internal_value(self, data: Any) -> str:
@@ -56,7 +61,7 @@ class StrictCharField(serializers.CharField):
             self.fail("invalid")
         if "\x00" in data:
             self.fail("nul")
-        if not self.trim_whitespace and data != data.strip():
+        if not (self.trim_whitespace or self.opaque) and data != data.strip():
             self.fail("spaces")
         return super().to_internal_value(data)
 

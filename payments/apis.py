@@ -18,12 +18,7 @@ from ledger.fields import MAX_INT64
 from ledger.problems import PROBLEM_CONTENT_TYPE, problem
 from ledger.renderers import JSONRenderer
 from orders.apis import IDEMPOTENCY_KEY
-from orders.fields import (
-    MAX_AMOUNT,
-    StrictCharField,
-    StrictInputSerializer,
-    StrictIntegerField,
-)
+from orders.fields import StrictCharField, StrictInputSerializer, StrictIntegerField
 from orders.selectors import order_get
 
 from .models import CALLBACK_STATUSES, Payment
@@ -271,11 +266,15 @@ class ProviderCallbackApi(APIView):
         class Meta:
             ref_name = "ProviderCallbackInput"
 
-        event_id = StrictCharField(max_length=128)
-        merchant_order_no = StrictCharField(max_length=32)
-        provider_txn_id = StrictCharField(max_length=64)
+        # What the provider signed, taken as sent: an event id is its own to
+        # choose, and an order number, transaction or amount (any 64-bit one)
+        # that is not a pending payment's is the contract's `callback_mismatch`,
+        # not a form error.
+        event_id = StrictCharField(opaque=True, max_length=128)
+        merchant_order_no = StrictCharField(opaque=True, max_length=32)
+        provider_txn_id = StrictCharField(opaque=True, max_length=64)
         status = serializers.ChoiceField(choices=CALLBACK_STATUSES)
-        amount = StrictIntegerField(min_value=1, max_value=MAX_AMOUNT)
+        amount = StrictIntegerField(min_value=-MAX_INT64 - 1, max_value=MAX_INT64)
 
     @extend_schema(
         request=InputSerializer,

@@ -178,6 +178,13 @@ def test_a_success_for_an_order_paid_otherwise_is_refunded():
     "override",
     [
         {"amount": 2499},
+        # Past the largest amount an order may have, or not positive, within 64
+        # bits: still an amount that is not the payment's (it was a 400
+        # validation_error for its form, where a transfer or a capture says 422).
+        {"amount": 10**15 + 1},
+        {"amount": 2**63 - 1},
+        {"amount": 0},
+        {"amount": -(2**63)},
         {"provider_txn_id": "T-someone-else"},
         {"merchant_order_no": "999999"},
     ],
@@ -344,20 +351,38 @@ def test_bad_field_values_are_400(payment):
     assert not ProviderEvent.objects.exists()
 
 
-def test_an_identifier_with_whitespace_around_it_is_refused_not_trimmed(payment):
-    """`" <no>"` was trimmed and matched the order: the event stored names another
-    order number than the one the provider signed."""
+@pytest.mark.parametrize(
+    "override",
+    [
+        {"merchant_order_no": " {no}"},
+        {"merchant_order_no": "{no}\n"},
+        {"provider_txn_id": "{txn} "},
+    ],
+)
+def test_an_identifier_with_whitespace_around_it_is_a_mismatch(payment, override):
+    """Taken as sent, neither trimmed (`" <no>"` matched the order: the event
+    stored named another order number than the one the provider signed) nor
+    refused for its form: it names no payment of ours, the contract's
+    `callback_mismatch`."""
     no, txn = payment.order.merchant_order_no, payment.provider_txn_id
-    for override in (
-        {"merchant_order_no": f" {no}"},
-        {"merchant_order_no": f"{no}\n"},
-        {"provider_txn_id": f"{txn} "},
-        {"event_id": " evt-1"},
-    ):
-        response = post_callback(event_body(payment, **override))
-        problem = assert_problem(response, 400, "validation_error")
-        assert list(problem["errors"]) == list(override)
+    [(name, value)] = override.items()
+    response = post_callback(
+        event_body(payment, **{name: value.format(no=no, txn=txn)})
+    )
+    assert_problem(response, 400, "callback_mismatch")
     assert not ProviderEvent.objects.exists()
+
+
+def test_an_event_id_is_the_providers_own_taken_as_sent(payment):
+    """The provider names its events as it likes: one whose id has spaces around
+    it is acknowledged and stored as sent (refused, a signed success would be
+    redelivered and refused for ever; trimmed, it would be taken for another
+    event)."""
+    assert post_callback(event_body(payment, event_id=" evt-1 ")).status_code == 200
+    assert list(ProviderEvent.objects.values_list("event_id", flat=True)) == [" evt-1 "]
+    process_all()
+    payment.refresh_from_db()
+    assert payment.status == Payment.Status.SUCCEEDED
 
 
 def test_the_invariant_names_a_settled_payment_without_its_entry(payment):
