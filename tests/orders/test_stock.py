@@ -337,6 +337,11 @@ def test_create_product_is_idempotent_and_tops_up():
         ["X", "--name", "x", "--price", "5", "--stock", "99999999999999999999"],
         ["X", "--name", "x", "--price", "5", "--currency", "ZZZ"],
         ["X" * 65, "--name", "x", "--price", "5"],
+        # One the API's orders could never name (`" TEA"` is a 400 there, taken
+        # as sent, never trimmed into `TEA`).
+        [" TEA", "--name", "x", "--price", "5"],
+        ["TEA\t", "--name", "x", "--price", "5"],
+        [" ", "--name", "x", "--price", "5"],
         ["X", "--name", "n" * 256, "--price", "5"],  # PostgreSQL refused it: a 500
         ["X", "--name", "", "--price", "5"],
         ["X", "--name", "   ", "--price", "5"],

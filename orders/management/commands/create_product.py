@@ -45,8 +45,18 @@ class Command(BaseCommand):
         stock: int | None,
         **_,
     ) -> None:
-        if not sku or len(sku) > SKU_MAX_LENGTH or not sku.isprintable():
-            raise CommandError(f"a SKU is 1 to {SKU_MAX_LENGTH} printable characters")
+        # (Nothing around it: an order's `sku` is taken as sent, so a product
+        # " TEA" could be listed but never ordered.)
+        if (
+            not sku
+            or len(sku) > SKU_MAX_LENGTH
+            or not sku.isprintable()
+            or sku != sku.strip()
+        ):
+            raise CommandError(
+                f"a SKU is 1 to {SKU_MAX_LENGTH} printable characters, "
+                "with no whitespace around them"
+            )
         check_name(name)
         if not 0 < price <= MAX_AMOUNT:
             raise CommandError("--price is a positive number of minor units")
