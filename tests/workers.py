@@ -18,13 +18,15 @@ from django.db import connection
 from kombu import pools
 
 from ledger.celery import app
-from ledger.settings.test import per_worker
+from ledger.settings.test import TEST_REDIS_URL, per_worker, workers_apart
 from tests.servers import ROOT, children, stop
 
 # A Redis database of its own: a worker of another test run on this machine must not
 # take this run's tasks (TEST_BROKER_URL gives each concurrent run its own, and each
 # pytest-xdist worker of a run takes its own below it).
-BROKER_URL = per_worker(os.environ.get("TEST_BROKER_URL", "redis://127.0.0.1:6379/11"))
+_NAMED = os.environ.get("TEST_BROKER_URL", "redis://127.0.0.1:6379/11")
+workers_apart(TEST_REDIS_URL, _NAMED)  # (no worker's broker another's cache)
+BROKER_URL = per_worker(_NAMED)
 SETTINGS = "tests.worker_settings"
 
 
