@@ -14,11 +14,12 @@ import json
 from dataclasses import dataclass
 
 from django.http import HttpResponse
+from django.utils import translation
 
 from . import metrics
 from .models import IdempotencyRecord
 
-STORED_HEADERS = ("Content-Type", "Location")
+STORED_HEADERS = ("Content-Type", "Location", "Content-Language")
 REPLAY_HEADER = "Idempotent-Replayed"
 # Set on a response that refuses the request for its form (see `refuse_form`).
 FORM_REFUSED = "idempotency_form_refused"
@@ -51,6 +52,12 @@ class StoredResponse:
     @classmethod
     def of(cls, fingerprint: str, response: HttpResponse) -> "StoredResponse":
         headers = {h: response[h] for h in STORED_HEADERS if response.has_header(h)}
+        # The language its body was written in: LocaleMiddleware says it only on
+        # the answer's way out, after this, and a replay from Redis never passes
+        # it (one from the database would say the retry's language instead).
+        language = translation.get_language()
+        if language and "Content-Language" not in headers:
+            headers["Content-Language"] = language
         return cls(fingerprint, response.status_code, headers, response.content)
 
     @classmethod

@@ -73,10 +73,26 @@ def test_retry_replays_the_first_response_byte_for_byte(alice, key, both_paths):
         assert again["Content-Length"] == first["Content-Length"]
         for security in SECURITY_HEADERS:  # (a replay from Redis had none)
             assert again[security] == first[security], security
+        assert again["Content-Language"] == first["Content-Language"]
         assert again["Idempotent-Replayed"] == "true"
     assert alice.deposits() == 1
     record = IdempotencyRecord.objects.get(key=key)
     assert (record.status, record.response_status) == ("succeeded", 201)
+
+
+def test_a_replay_says_the_language_its_body_was_written_in(alice, key, both_paths):
+    """The stored body is the first request's, in its language: a retry asking
+    for another is told so (a replay from Redis, answered before LocaleMiddleware,
+    said no language; one from the database said the retry's)."""
+    chinese, english = alice.client(), alice.client()
+    chinese.defaults["HTTP_ACCEPT_LANGUAGE"] = "zh-hans"
+    english.defaults["HTTP_ACCEPT_LANGUAGE"] = "en"
+    first = alice.post(DEPOSITS, {"amount": 5}, key, client=chinese)
+    assert first["Content-Language"] == "zh-hans"
+    again = alice.post(DEPOSITS, {"amount": 5}, key, client=english)
+    assert again["Idempotent-Replayed"] == "true"
+    assert again.content == first.content
+    assert again["Content-Language"] == "zh-hans"
 
 
 def test_replay_comes_from_the_database_when_redis_forgot(alice, key, needs_redis):
