@@ -146,9 +146,16 @@ class CheckedCursor(CursorPagination):
         return extend_schema(
             parameters=[
                 *parameters,
-                OpenApiParameter("cursor", str, description="From `next`/`previous`."),
+                # (What `query` refuses: blank, or a size below 1.)
                 OpenApiParameter(
-                    "page_size", int, description=f"At most {cls.max_page_size}."
+                    "cursor",
+                    {"type": "string", "minLength": 1},
+                    description="From `next`/`previous`.",
+                ),
+                OpenApiParameter(
+                    "page_size",
+                    {"type": "integer", "minimum": 1},
+                    description=f"At most {cls.max_page_size}.",
                 ),
             ],
             responses={200: page},

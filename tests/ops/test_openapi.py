@@ -178,3 +178,24 @@ def test_the_schema_and_docs_pages_refuse_in_problem_json(
     body = json.loads(response.content)
     assert body["code"] == code
     assert body["status"] == status
+
+
+def test_every_paged_list_documents_the_parameters_it_refuses(schema):
+    """A blank `cursor` and a `page_size` below 1 are a 400 (`CheckedCursor.query`):
+    the schema says so, where it documented any string and any integer."""
+    lists = 0
+    for path, operations in schema["paths"].items():
+        for operation in operations.values():
+            parameters = {p["name"]: p for p in operation.get("parameters", [])}
+            if "cursor" not in parameters:
+                continue
+            lists += 1
+            assert parameters["cursor"]["schema"] == {
+                "type": "string",
+                "minLength": 1,
+            }, path
+            assert parameters["page_size"]["schema"] == {
+                "type": "integer",
+                "minimum": 1,
+            }, path
+    assert lists == 3  # orders, entries, products
