@@ -31,11 +31,11 @@ def env_bool(name: str, default: bool = False) -> bool:
 def env_int(
     name: str, default: int, minimum: int | None = None, maximum: int | None = None
 ) -> int:
-    """The whole number a variable names; a typo, or a number below `minimum` (or
-    outside `minimum..maximum`: a maximum goes with a minimum), stops the process
-    with one line naming the variable and what it takes (`manage.py` prints
-    ImproperlyConfigured so), not with a traceback from int() or the system checks'
-    report (which still guard values set in code)."""
+    """The whole number a variable names; a typo, or a number below `minimum`,
+    above `maximum` or outside `minimum..maximum`, stops the process with one line
+    naming the variable and what it takes (`manage.py` prints ImproperlyConfigured
+    so), not with a traceback from int() or the system checks' report (which still
+    guard values set in code)."""
     value = os.environ.get(name)
     if not value:
         return default
@@ -55,6 +55,11 @@ def env_int(
         raise ImproperlyConfigured(
             f"{name}={value!r} is below {minimum}: give a whole number of at least "
             f"{minimum}, or leave it unset for {default}"
+        )
+    elif maximum is not None and number > maximum:
+        raise ImproperlyConfigured(
+            f"{name}={value!r} is above {maximum}: give a whole number of at most "
+            f"{maximum}, or leave it unset for {default}"
         )
     return number
 

@@ -8,9 +8,11 @@ from pathlib import Path
 
 import pytest
 from django.core import checks
+from django.core.exceptions import ImproperlyConfigured
 
 from ledger.broker import REDIS_VISIBILITY_TIMEOUT_SECONDS
 from ledger.checks import MERCHANT_SUB_ACCOUNTS_MAX
+from ledger.settings.base import env_int
 from orders.services import PREORDER_PURGE_MIN_GRACE_SECONDS
 from payments.checks import REDRIVE_ATTEMPTS_MAX
 from payments.services import HOLD_SECONDS_MAX, HOLD_SECONDS_MIN
@@ -162,6 +164,23 @@ def test_a_number_outside_what_a_variable_takes_is_one_line_naming_it(
         f"give a whole number from {minimum} to {maximum}, or leave it unset for "
         f"{default}"
     ], result.stderr[-3000:]
+
+
+@pytest.mark.parametrize(
+    ("bounds", "value", "refusal"),
+    [
+        ({"maximum": 10}, "11", "is above 10: give a whole number of at most 10"),
+        ({"minimum": 1}, "0", "is below 1: give a whole number of at least 1"),
+        ({"minimum": 1, "maximum": 10}, "11", "is outside 1..10: give"),
+    ],
+)
+def test_each_bound_a_number_setting_names_is_held(monkeypatch, bounds, value, refusal):
+    """A maximum alone was not checked at all (only beside a minimum)."""
+    monkeypatch.setenv("LEDGER_SOME_NUMBER", value)
+    with pytest.raises(ImproperlyConfigured, match=refusal):
+        env_int("LEDGER_SOME_NUMBER", 5, **bounds)
+    monkeypatch.setenv("LEDGER_SOME_NUMBER", "5")
+    assert env_int("LEDGER_SOME_NUMBER", 7, **bounds) == 5
 
 
 def test_the_lowest_number_a_variable_takes_is_taken():
