@@ -79,6 +79,10 @@ class PageQuery(serializers.Serializer):
     page_size = serializers.IntegerField(required=False, min_value=1)
 
 
+# What a page's `next` or `previous` cursor is made of (DRF's: base64).
+CURSOR_PATTERN = "^[A-Za-z0-9+/]+={0,2}$"
+
+
 class CheckedCursor(CursorPagination):
     """A cursor pagination that refuses a cursor it did not make (one that does not
     decode, or a forged position: a cursor is only base64, anyone can write one)
@@ -146,10 +150,11 @@ class CheckedCursor(CursorPagination):
         return extend_schema(
             parameters=[
                 *parameters,
-                # (What `query` refuses: blank, or a size below 1.)
+                # (What `query` refuses: blank, or a size below 1. A cursor is
+                # base64: any other character, a NUL say, names nothing.)
                 OpenApiParameter(
                     "cursor",
-                    {"type": "string", "minLength": 1},
+                    {"type": "string", "minLength": 1, "pattern": CURSOR_PATTERN},
                     description="From `next`/`previous`.",
                 ),
                 OpenApiParameter(

@@ -10,6 +10,7 @@ from django.core.management import call_command
 from django.urls import URLPattern, URLResolver, get_resolver
 from drf_spectacular.generators import EndpointEnumerator
 
+from ledger.apis import CURSOR_PATTERN
 from ledger.openapi import idempotency_marker, problem_codes
 from tests.servers import ROOT
 
@@ -193,6 +194,7 @@ def test_every_paged_list_documents_the_parameters_it_refuses(schema):
             assert parameters["cursor"]["schema"] == {
                 "type": "string",
                 "minLength": 1,
+                "pattern": CURSOR_PATTERN,
             }, path
             assert parameters["page_size"]["schema"] == {
                 "type": "integer",
