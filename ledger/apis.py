@@ -118,7 +118,8 @@ class CheckedCursor(CursorPagination):
     def query(
         cls, request: Request, form: type[serializers.Serializer] = PageQuery
     ) -> dict[str, Any]:
-        """The query parameters `form` names, validated; any other is ignored."""
+        """The query parameters `form` names, validated (the cursor decoded: one
+        no page gave out is refused here too); any other is ignored."""
         given = request.query_params
         names = [name for name in form().get_fields() if name in given]
         twice = {
@@ -133,6 +134,7 @@ class CheckedCursor(CursorPagination):
         # as the field left out.
         values = form(data={name: given[name] for name in names})
         values.is_valid(raise_exception=True)
+        cls().decode_cursor(request)
         return values.validated_data
 
     @classmethod
@@ -205,6 +207,8 @@ class AccountEntriesApi(APIView):
 
     @NewestFirst.documented("EntriesPage", OutputSerializer)
     def get(self, request: Request) -> Response:
+        # Refused before the wallet is made: a refusal makes nothing.
+        NewestFirst.query(request)
         wallet = wallet_get_or_create(
             owner_id=authenticated(request).pk,
             currency=settings.LEDGER_DEFAULT_CURRENCY,

@@ -15,6 +15,28 @@ def customer():
     return client, wallet
 
 
+@pytest.mark.parametrize(
+    "query",
+    ["page_size=0", "page_size=", "cursor=", "cursor=bm9wZQ", "cursor=cD1ub3Bl"],
+)
+def test_a_refused_entries_query_makes_no_wallet(query):
+    """A refusal changes nothing: the wallet `accounts/me` makes when it first
+    shows it was made, empty, before the query was refused."""
+    from django.contrib.auth import get_user_model
+    from rest_framework.authtoken.models import Token
+
+    from ledger.models import Account
+
+    dave = get_user_model().objects.create_user("dave")
+    client = APIClient()
+    client.credentials(
+        HTTP_AUTHORIZATION=f"Token {Token.objects.create(user=dave).key}"
+    )
+    response = client.get(f"/api/v1/accounts/me/entries?{query}")
+    assert_problem(response, 400, "validation_error")
+    assert not Account.objects.filter(owner=dave).exists()
+
+
 def test_account_me(customer):
     client, wallet = customer
     ledger_deposit(account_id=wallet.pk, amount=1234, reference="d")
