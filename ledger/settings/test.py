@@ -20,12 +20,13 @@ def per_worker(url: str, worker: int | None = None) -> str:
     process's) takes the Redis database numbered N below the one named (gw0 and a
     plain run: the one named), so that one worker emptying its database never
     empties the other's. A URL naming no database number, or none N below, stops
-    a worker but the first: taken as it is, two workers would share it. (The test
-    database is per worker already: pytest-django names it `test_<name>_gwN`.)"""
+    a worker but the first: taken as it is, two workers would share it. No URL (a
+    run without Redis, `REDIS_URL=`) stays none. (The test database is per worker
+    already: pytest-django names it `test_<name>_gwN`.)"""
     if worker is None:
         found = re.fullmatch(r"gw(\d+)", os.environ.get("PYTEST_XDIST_WORKER", ""))
         worker = int(found[1]) if found else 0
-    if worker == 0:
+    if worker == 0 or not url:
         return url
     numbered = _NUMBERED.fullmatch(url)
     if not numbered or int(numbered[2]) < worker:
@@ -44,6 +45,8 @@ def workers_apart(*urls: str) -> None:
     count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or 1)
     taken: dict[str, int] = {}
     for index, url in enumerate(urls):
+        if not url:
+            continue
         for worker in range(count):
             mine = per_worker(url, worker)
             first = taken.setdefault(mine, index)

@@ -19,6 +19,7 @@ from ledger.settings.test import per_worker, workers_apart
             "redis://h:6379/15?socket_timeout=5",
             "redis://h:6379/14?socket_timeout=5",
         ),
+        ("gw1", "", ""),  # a run without Redis (`REDIS_URL=`)
         # A plain run takes any URL as it is (a cluster's, a socket's).
         ("", "redis://h:6379", "redis://h:6379"),
         ("", "unix:///run/redis.sock?db=3", "unix:///run/redis.sock?db=3"),
@@ -73,6 +74,7 @@ def test_databases_the_workers_would_share_stop_the_run(
         ("2", "redis://h/15", "redis://h/11"),  # make test's: 15, 14 and 11, 10
         ("2", "redis://h/2", "redis://h/4"),
         ("2", "redis://a/2", "redis://b/3"),  # two servers
+        ("2", "", "redis://h/11"),  # a run without Redis for the app
     ],
 )
 def test_databases_apart_are_taken(monkeypatch, count, cache, broker):
