@@ -8,7 +8,7 @@ from django.utils import timezone
 from prometheus_client import REGISTRY
 
 import idempotency.metrics  # noqa: F401  (registers the counters before we read them)
-from idempotency import records
+from idempotency import fastpath, records
 from idempotency.models import IdempotencyRecord
 from idempotency.redis import get_redis
 from idempotency.services import record_purge_expired
@@ -436,6 +436,21 @@ def test_a_known_caller_executes_in_two_redis_round_trips(
     # The middleware's begin took the lock the engine used; finish released it.
     assert sent == ["EVALSHA", "EVALSHA"]
     assert not get_redis().keys("idem:*:lock")
+    assert alice.post(DEPOSITS, {"amount": 5}, key)["Idempotent-Replayed"] == "true"
+
+
+def test_a_redis_that_forgot_the_scripts_is_sent_them_again(
+    alice, key, monkeypatch, needs_redis
+):
+    alice.post(DEPOSITS, {"amount": 5}, f"{key}-earlier")  # the scripts are known
+    scripts = fastpath._scripts(get_redis())
+    for script in vars(scripts).values():  # as a restarted Redis would answer them
+        monkeypatch.setattr(script, "sha", "0" * 40)
+    sent = redis_round_trips(monkeypatch)
+    response = alice.post(DEPOSITS, {"amount": 5}, key)
+    assert response.status_code == 201 and alice.deposits() == 2
+    # Each script was refused (NOSCRIPT), loaded, and run again.
+    assert sent == ["EVALSHA", "SCRIPT LOAD", "EVALSHA"] * 2
     assert alice.post(DEPOSITS, {"amount": 5}, key)["Idempotent-Replayed"] == "true"
 
 
