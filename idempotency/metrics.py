@@ -31,8 +31,9 @@ lock_wait = Histogram(
     buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0),
 )
 
-for _outcome in OUTCOMES:
-    requests.labels(_outcome)  # export every series from the start, at zero
+# Every series exported from the start, at zero; each bound once, as `labels()`
+# validates and looks its label up again on every call.
+_by_outcome = {outcome: requests.labels(outcome) for outcome in OUTCOMES}
 
 
 # The outcomes of the current request, for its log line (ledger.middleware sets it).
@@ -42,7 +43,7 @@ current_outcomes: ContextVar[list[str] | None] = ContextVar(
 
 
 def count(outcome: str) -> None:
-    requests.labels(outcome).inc()
+    _by_outcome[outcome].inc()
     outcomes = current_outcomes.get()
     if outcomes is not None:
         outcomes.append(outcome)
