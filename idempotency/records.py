@@ -18,8 +18,7 @@ a live lease early, nor one that runs slow keep a dead one.
 
 import hashlib
 import json
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from enum import Enum
@@ -132,17 +131,14 @@ def _lock_file() -> str | None:
     return keylocks.lock_file(str(connection.settings_dict["NAME"]))
 
 
-@contextmanager
-def outside_lock(call: Call) -> Iterator[bool]:
+def outside_lock(call: Call) -> AbstractContextManager[bool]:
     """On SQLite, hold the key's lock (`keylocks`) for the block if nobody holds it,
     and yield whether it was free: taken before the transaction begins, as its
     `BEGIN IMMEDIATE` would wait for the key's holder to commit. Elsewhere yield
     True: the advisory lock is taken inside the transaction (`lock_and_find`)."""
     if connection.vendor != "sqlite":
-        yield True
-        return
-    with keylocks.held(_lock_file(), call.scope, call.key) as free:
-        yield free
+        return nullcontext(True)
+    return keylocks.held(_lock_file(), call.scope, call.key)
 
 
 def wait_for_lock(call: Call, seconds: float) -> None:
