@@ -35,7 +35,7 @@ from typing import Any
 
 import redis as redis_lib
 from django.conf import settings
-from django.db import transaction
+from django.db import connection, transaction
 from django.http import HttpResponse
 from django.utils import timezone
 
@@ -228,8 +228,10 @@ def _atomic_transaction(call: Call, run: Run, started: float) -> Outcome:
     """
     held = won = False
     stored = None
-    with transaction.atomic():
-        locked, record = records.lock_and_find(call)
+    # One cursor for the transaction's two statements on the key, as each new cursor
+    # costs CPU (the view's queries make their own).
+    with transaction.atomic(), connection.cursor() as cursor:
+        locked, record = records.lock_and_find(call, cursor)
         if not locked:
             raise in_flight()
         metrics.lock_wait.observe(time.perf_counter() - started)
@@ -242,7 +244,7 @@ def _atomic_transaction(call: Call, run: Run, started: float) -> Outcome:
             transaction.set_rollback(True)
         else:
             stored = StoredResponse.of(call.fingerprint, response)
-            won = records.insert_finished(call, stored)
+            won = records.insert_finished(call, stored, cursor)
             if not won:
                 # A duplicate that got past the lock (it read before we committed)
                 # finished first: our effect rolls back and we replay the winner's.
