@@ -78,8 +78,8 @@ def canonical_body(raw: bytes) -> tuple[str, dict[str, str]]:
     `canonical` could not walk), is fingerprinted as its raw bytes: the view will
     refuse it anyway, and the same bytes must still get the same refusal.
     """
-    if not raw.strip():
-        return EMPTY, {}  # as the parser reads it: no members
+    if _reads_as_empty(raw):  # as the parser reads it: no members (no need to ask it)
+        return EMPTY, {}
     try:
         parsed = _loads(raw)
     except (ValueError, UnicodeDecodeError):

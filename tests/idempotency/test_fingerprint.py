@@ -9,7 +9,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from idempotency import jsonparse
 from idempotency.fingerprint import (
+    _reads_as_empty,
     canonical_body,
     changed_fields,
     fingerprint,
@@ -118,6 +120,13 @@ def test_an_alias_only_for_a_body_that_reads_as_an_empty_object(raw):
     raw = raw.encode() if isinstance(raw, str) else raw
     if legacy_fingerprints("POST", "/x", raw):
         assert canonical_body(raw)[0] == "{}"
+
+
+@given(raw=st.binary(max_size=6) | st.text(alphabet=" \t\n\r\x0b{}[]a1", max_size=6))
+def test_a_body_told_empty_without_parsing_is_one_the_parser_reads_so(raw):
+    raw = raw.encode() if isinstance(raw, str) else raw
+    if _reads_as_empty(raw) and raw.strip():  # (no body at all is no JSON)
+        assert jsonparse.loads(raw) == {}
 
 
 @pytest.mark.parametrize(
