@@ -10,6 +10,8 @@ from rest_framework.negotiation import DefaultContentNegotiation
 from rest_framework.renderers import BaseRenderer
 from rest_framework.request import Request
 
+from .problems import PROBLEM_CONTENT_TYPE
+
 
 class JSONRenderer(renderers.JSONRenderer):
     """Render JSON as DRF does (UTF-8, unescaped); fall back to ASCII escapes when
@@ -36,14 +38,11 @@ class _Escaping(renderers.JSONRenderer):
     ensure_ascii = True
 
 
-PROBLEM_MEDIA_TYPE = "application/problem+json"  # (ledger.problems' content type)
-
-
 def accepts_problems(request: Request) -> bool:
     """Does the request's Accept name problem documents (with a `q` above 0)?"""
     for token in request.headers.get("Accept", "").split(",")[:64]:
         media_type, *params = (part.strip().lower() for part in token.split(";"))
-        if media_type != PROBLEM_MEDIA_TYPE:
+        if media_type != PROBLEM_CONTENT_TYPE:
             continue
         q = next((p.partition("=")[2] for p in params if p.startswith("q=")), "1")
         if q.strip() not in {"0", "0.", "0.0", "0.00", "0.000"}:

@@ -133,13 +133,11 @@ def test_a_number_below_what_a_variable_takes_is_one_line_naming_it(
 ):
     """As for a number that is none: not the system checks' report of several
     lines, but one line naming the variable and what it takes."""
-    result = manage_py_check(**{name: value})
-    assert result.returncode == 1, result.stdout
-    assert "Traceback" not in result.stderr, result.stderr[-3000:]
-    assert result.stderr.strip().splitlines() == [
+    refused_in_one_line(
+        manage_py_check(**{name: value}),
         f"ImproperlyConfigured: {name}={value!r} is below {minimum}: give a whole "
-        f"number of at least {minimum}, or leave it unset for {default}"
-    ], result.stderr[-3000:]
+        f"number of at least {minimum}, or leave it unset for {default}",
+    )
 
 
 @pytest.mark.parametrize(
@@ -156,14 +154,12 @@ def test_a_number_below_what_a_variable_takes_is_one_line_naming_it(
 def test_a_number_outside_what_a_variable_takes_is_one_line_naming_it(
     name, value, minimum, maximum, default
 ):
-    result = manage_py_check(**{name: value})
-    assert result.returncode == 1, result.stdout
-    assert "Traceback" not in result.stderr, result.stderr[-3000:]
-    assert result.stderr.strip().splitlines() == [
+    refused_in_one_line(
+        manage_py_check(**{name: value}),
         f"ImproperlyConfigured: {name}={value!r} is outside {minimum}..{maximum}: "
         f"give a whole number from {minimum} to {maximum}, or leave it unset for "
-        f"{default}"
-    ], result.stderr[-3000:]
+        f"{default}",
+    )
 
 
 @pytest.mark.parametrize(
@@ -226,3 +222,11 @@ def test_a_service_variable_set_but_empty_is_unset():
         "django.db.backends.sqlite3",
         "filesystem://localhost/",
     ]
+
+
+def refused_in_one_line(result: subprocess.CompletedProcess, line: str) -> None:
+    """`manage.py check` stopped with `line` alone: not the system checks' report
+    of several lines, nor a traceback."""
+    assert result.returncode == 1, result.stdout
+    assert "Traceback" not in result.stderr, result.stderr[-3000:]
+    assert result.stderr.strip().splitlines() == [line], result.stderr[-3000:]
